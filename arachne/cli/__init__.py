@@ -1,0 +1,1 @@
+"""The `arachne` command line: thin typer commands over the library."""

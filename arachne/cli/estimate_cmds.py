@@ -1,0 +1,102 @@
+"""`arachne estimate`, `arachne validate-plan` and `arachne profiles import-sailor`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from arachne.cli.common import console, handle_errors
+
+profiles_app = typer.Typer(help="Measured per-layer profiles: import and inspect.", no_args_is_help=True)
+
+
+def _cost_model(cluster, profiles: Path | None):
+    from arachne.cost import CostModel
+    from arachne.profiles.format import ProfileDB, default_profile_db
+
+    db = default_profile_db()
+    if profiles is not None:
+        extra = ProfileDB().load_dir(profiles)
+        merged = ProfileDB()
+        for src in (db, extra):
+            for s in src.sets.values():
+                merged.add(s.doc)
+        db = merged
+    return CostModel(cluster, profiles=db)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("estimate")
+    @handle_errors
+    def estimate(
+        cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
+        plan: Path = typer.Option(..., "--plan", "-p", help="plan JSON (formats v1)"),
+        profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
+        as_json: bool = typer.Option(False, "--json", help="print the estimate JSON"),
+    ) -> None:
+        """Price a plan: per-stage time and memory, throughput, MFU, breakdown."""
+        from arachne.plan import load_plan, validate_plan
+        from arachne.report.tables import plan_report
+        from arachne.spec.cluster import load_cluster
+
+        cl = load_cluster(cluster)
+        pl = load_plan(plan)
+        model = validate_plan(pl, cl, source=str(plan))
+        est = _cost_model(cl, profiles).estimate(pl.model_copy(update={"model": model.name})
+                                                  if isinstance(pl.model, str) else pl, validate=False)
+        if as_json:
+            print(json.dumps(est.to_doc(), indent=2))
+            return
+        console.print(plan_report(pl, est))
+
+    @app.command("validate-plan")
+    @handle_errors
+    def validate(
+        cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
+        plan: Path = typer.Option(..., "--plan", "-p", help="plan JSON (formats v1)"),
+    ) -> None:
+        """Check a plan against the format rules and the cluster; exit 2 with the first problem."""
+        from arachne.plan import load_plan, validate_plan
+        from arachne.spec.cluster import load_cluster
+
+        cl = load_cluster(cluster)
+        pl = load_plan(plan)
+        model = validate_plan(pl, cl, source=str(plan))
+        console.print(f"{plan}: valid ({model.name}, {len(pl.pipelines)} pipeline(s), {len(pl.devices)} GPUs)")
+
+    @profiles_app.command("import-sailor")
+    @handle_errors
+    def import_sailor_cmd(
+        file: Path = typer.Argument(..., help="Sailor profiles_simulator.json or profiles_planner.json"),
+        out: Path = typer.Option(..., "-o", "--out", help="output directory"),
+        layer_memory: Path | None = typer.Option(None, "--layer-memory", help="Sailor layer_memory.json"),
+    ) -> None:
+        """Convert Sailor's per-layer profiles into arachne's profile format."""
+        from arachne.profiles.sailor import import_sailor
+
+        written = import_sailor(file, out, layer_memory)
+        console.print(f"wrote {len(written)} profile files to {out}")
+
+    @profiles_app.command("list")
+    @handle_errors
+    def list_profiles(profiles: Path | None = typer.Option(None, "--profiles", help="profile directory "
+                                                           "(default: the shipped ones)")) -> None:
+        """List profiles: model, GPU, precision, micro-batch sizes and tp degrees."""
+        from rich.table import Table
+
+        from arachne.profiles.format import ProfileDB, default_profile_db
+
+        db = ProfileDB().load_dir(profiles) if profiles else default_profile_db()
+        t = Table(title="Profiles")
+        for c in ("model", "gpu", "precision", "seq", "tp", "micro-batch sizes", "source"):
+            t.add_column(c)
+        for s in db.sets.values():
+            d = s.doc
+            for tp in s.tps:
+                t.add_row(d.model, d.gpu, d.precision, str(d.sequence_length), str(tp),
+                          ",".join(str(m) for m in sorted(s.by_tp[tp])), d.source[:40])
+        console.print(t)
+
+    app.add_typer(profiles_app, name="profiles")

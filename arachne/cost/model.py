@@ -1,0 +1,389 @@
+"""The one cost model: ``CostModel(cluster).estimate(plan) -> Estimate`` for every planner.
+
+Per stage and data-parallel group it prices compute (profiles or analytic), TP collectives and
+MoE all-to-all on the group's links; simulates each pipeline's schedule with point-to-point
+delays between stages; adds the gradient all-reduce among every group holding the same layers
+(across pipelines of different structure) and the optimizer step; and sums memory per device.
+Primitives are cached by value, so re-pricing similar plans is cheap.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from arachne.cost.calibration import DEFAULT_CALIBRATION, Calibration
+from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
+from arachne.cost.memory import (
+    MemoryBreakdown,
+    block_activation_bytes,
+    block_transient_bytes,
+    head_transient_bytes,
+    stage_params,
+    state_bytes_per_param,
+)
+from arachne.cost.network import Network
+from arachne.cost.schedule import in_flight, pipeline_time
+from arachne.plan import Plan, Stage, validate_plan
+from arachne.profiles.format import ProfileDB, default_profile_db
+from arachne.spec.cluster import Cluster
+from arachne.spec.gpus import GPUType
+from arachne.spec.model import ModelSpec
+
+BREAKDOWN_KEYS = ("compute_s", "pipeline_bubble_s", "p2p_s", "tp_comm_s", "dp_sync_s", "ep_comm_s", "optimizer_s")
+
+
+@dataclass
+class StageEstimate:
+    """What one stage costs: per-micro-batch times and the memory of its worst device."""
+
+    pipeline: int
+    stage: int
+    gpu: str
+    layers: tuple[int, int]
+    tp: int
+    dp: int
+    ep: int
+    fwd_s: float
+    bwd_s: float
+    compute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    send_fwd_s: float
+    send_bwd_s: float
+    memory_bytes: float
+    capacity_bytes: float
+    source: str
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline, "stage": self.stage, "gpu": self.gpu, "layers": list(self.layers),
+            "tp": self.tp, "dp": self.dp, "ep": self.ep, "time_per_microbatch_s": self.fwd_s + self.bwd_s,
+            "memory_bytes": int(self.memory_bytes), "capacity_bytes": int(self.capacity_bytes),
+            "compute_source": self.source,
+        }
+
+
+@dataclass
+class Estimate:
+    """The priced plan (formats v1 section 5) plus per-stage details."""
+
+    iteration_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float
+    peak_memory_bytes: dict[str, float]
+    max_memory_bytes: float
+    fits: bool
+    breakdown: dict[str, float]
+    stages: list[StageEstimate] = field(default_factory=list)
+    memory_detail: dict[str, MemoryBreakdown] = field(default_factory=dict, repr=False)
+
+    @property
+    def worst_memory_ratio(self) -> float:
+        """Largest used/capacity over stages (> 1 means it does not fit)."""
+        return max((s.memory_bytes / s.capacity_bytes for s in self.stages), default=0.0)
+
+    def to_doc(self, details: bool = True) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "iteration_time_s": self.iteration_time_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "peak_memory_bytes": {k: int(v) for k, v in self.peak_memory_bytes.items()},
+            "max_memory_bytes": int(self.max_memory_bytes),
+            "fits": self.fits,
+            "breakdown": dict(self.breakdown),
+        }
+        if details:
+            doc["stages"] = [s.to_doc() for s in self.stages]
+        return doc
+
+
+def _slowest(gpus: list[GPUType], precision: str) -> GPUType:
+    return min(gpus, key=lambda g: (g.peak_flops(precision), g.hbm_bandwidth))
+
+
+class CostModel:
+    """Prices plans on one cluster. Construct once per cluster; ``estimate`` is cheap when warm."""
+
+    def __init__(self, cluster: Cluster, profiles: ProfileDB | None | str = "default",
+                 calibration: Calibration = DEFAULT_CALIBRATION):
+        self.cluster = cluster
+        self.profiles = default_profile_db() if profiles == "default" else profiles
+        self.cal = calibration
+        self.compute = ComputeModel(self.profiles, calibration.compute)
+        self.network = Network(cluster, calibration.network)
+        self._model_cache: dict[str, ModelSpec] = {}
+        self._stage_cache: dict[tuple, tuple] = {}
+        self.estimates = 0  # plans priced so far (planners report it)
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def resolve_model(self, plan: Plan) -> ModelSpec:
+        key = plan.model if isinstance(plan.model, str) else repr(sorted(plan.model.items()))
+        m = self._model_cache.get(key)
+        if m is None:
+            m = self._model_cache[key] = plan.resolve_model()
+        return m
+
+    def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
+                    ep: int = 1) -> LayerCosts:
+        """Per-layer times on one GPU type (what planners use as leaf costs)."""
+        h = model.hidden_size
+
+        def tp_comm(t: int) -> float:
+            return self._tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
+
+        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm)
+
+    def _tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
+        """Forward TP traffic of one block (two all-reduces) inside a node of ``gpu``."""
+        if tp <= 1:
+            return 0.0
+        bw = gpu.collective_bandwidth
+        lat = self.cal.network.intra_node_latency_s
+        return 2 * (2 * (tp - 1) / tp * nbytes / bw + 2 * (tp - 1) * lat)
+
+    # ---- per stage ------------------------------------------------------------------------------
+    def _stage(self, model: ModelSpec, st: Stage, first: bool, last: bool, mbs: int, plan: Plan) -> tuple:
+        """(fwd, bwd, compute, tp_comm, ep_comm, gpu name, source) per micro-batch for a stage."""
+        key = (model.key, st.layers, st.devices, st.tp, st.dp_size, st.ep, st.recompute, first, last, mbs,
+               plan.precision, plan.sequence_length)
+        hit = self._stage_cache.get(key)
+        if hit is not None:
+            return hit
+        seq, prec = plan.sequence_length, plan.precision
+        dp, tp, ep = st.dp_size, st.tp, st.ep
+        b = mbs / dp
+        a, z = st.layers
+        h = model.hidden_size
+        devs = self.cluster.devices
+        groups = st.groups()
+        n_moe = sum(model.moe_layers[a:z])
+        worst = None
+        for g in groups:
+            gpu = _slowest([devs[d].gpu for d in g], prec)
+            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep)
+            f, bw = lc.blocks(a, z)
+            if first:
+                f += lc.emb_fwd
+                bw += lc.emb_bwd
+            if last:
+                f += lc.head_fwd
+                bw += lc.head_bwd
+            if st.recompute:
+                bw += lc.blocks(a, z)[0]
+            tp_f = 0.0
+            if tp > 1 and not lc.includes_tp_comm:
+                nbytes = b * seq * h * act_bytes(prec)
+                per = 2 * self.network.all_reduce_time(g, nbytes)
+                tp_f = per * (z - a) + (per / 2 if first else 0.0) + (per / 2 if last else 0.0)
+            ep_f = 0.0
+            if ep > 1 and n_moe:
+                idx = groups.index(g)
+                base = idx - idx % ep
+                ring = [groups[base + k][0] for k in range(ep)]
+                nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
+                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=tp)
+            tp_b = tp_f * (2 if st.recompute else 1)
+            ep_b = ep_f * (2 if st.recompute else 1)
+            fwd, bwd = f + tp_f + ep_f, bw + tp_b + ep_b
+            cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source)
+            if worst is None or fwd + bwd > worst[0] + worst[1]:
+                worst = cand
+        self._stage_cache[key] = worst
+        return worst
+
+    # ---- memory ---------------------------------------------------------------------------------
+    def stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
+                     tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int,
+                     zero_shards: int = 1, replicated: bool = False, recompute: bool = False) -> MemoryBreakdown:
+        """Bytes on one device of a stage holding ``layers`` with ``b`` sequences per micro-batch and
+        ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``)."""
+        cal = self.cal.memory
+        a, z = layers
+        params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep)
+        w, g, o = state_bytes_per_param(precision, cal)
+        if precision == "fp32" and replicated:
+            g += cal.fp32_grad_buffer
+        opt = o / max(1, zero_shards)
+        ab = act_bytes(precision)
+        if recompute:
+            per_mb = (z - a) * seq * b * model.hidden_size * ab
+            transient = max((block_activation_bytes(model, i, seq, b, tp, precision, cal) for i in range(a, z)),
+                            default=0.0)
+        else:
+            per_mb = _block_acts_cached(model, a, z, seq, b, tp, precision, cal)
+            transient = 0.0
+        if first:
+            per_mb += seq * b * model.hidden_size * ab
+        acts = per_mb * in_flight_mbs
+        transient += block_transient_bytes(model, seq, b, tp, precision, cal)
+        if last:
+            transient += head_transient_bytes(model, seq, b, tp, cal)
+        dynamic = acts + transient
+        overhead = cal.cuda_context_bytes + cal.allocator_reserve * dynamic
+        return MemoryBreakdown(params * w, params * g, params * opt, acts, transient, overhead)
+
+    def _memory(self, model: ModelSpec, plan: Plan, st: Stage, s: int, S: int, m: int, mbs: int,
+                zero_shards: int, replicated: bool) -> MemoryBreakdown:
+        return self.stage_memory(model, st.layers, s == 0, s == S - 1, S, st.tp, st.ep, mbs / st.dp_size,
+                                 in_flight(s, S, m, plan.schedule), plan.precision, plan.sequence_length,
+                                 zero_shards if plan.zero_stage == 1 else 1, replicated, st.recompute)
+
+    # ---- data-parallel synchronisation ---------------------------------------------------------
+    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[str, float], dict[tuple[int, int], int]]:
+        """Per-device gradient all-reduce time, and per (pipeline, stage) the number of replicas."""
+        prec = plan.precision
+        grad_b = 4.0 if prec == "fp32" else 2.0
+        L = model.num_layers
+        # segment boundaries: every stage boundary of every pipeline
+        bounds = sorted({0, L} | {st.layers[0] for p in plan.pipelines for st in p.stages})
+        starts = [[st.layers[0] for st in p.stages] for p in plan.pipelines]
+        per_dev: dict[str, float] = defaultdict(float)
+        replicas: dict[tuple[int, int], int] = {}
+        for lo, hi in zip(bounds, bounds[1:]):
+            holders: list[tuple[int, int, Stage]] = []
+            for pi, p in enumerate(plan.pipelines):
+                si = bisect.bisect_right(starts[pi], lo) - 1
+                holders.append((pi, si, p.stages[si]))
+            groups = [grp for _, _, st in holders for grp in st.groups()]
+            D = len(groups)
+            for pi, si, _ in holders:
+                replicas[(pi, si)] = min(replicas.get((pi, si), D), D)
+            if D <= 1:
+                continue
+            min_tp = min(st.tp for _, _, st in holders)
+            max_tp = max(st.tp for _, _, st in holders)
+            dense = sum(model.block_params(i) - model.block_expert_params(i) for i in range(lo, hi))
+            expert = sum(model.block_expert_params(i) for i in range(lo, hi))
+            if lo == 0:
+                dense += model.embedding_params(min_tp)
+            if hi == L:
+                dense += model.head_params(min_tp)
+            ring = [grp[0] for grp in groups]
+            t = self.network.all_reduce_time(ring, dense / min_tp * grad_b, concurrent=max_tp)
+            if expert:
+                ep = max(st.ep for _, _, st in holders)
+                ering = ring[::ep] if ep > 1 else ring
+                ep_bytes = expert / (min_tp * min(st.ep for _, _, st in holders)) * grad_b
+                t += self.network.all_reduce_time(ering, ep_bytes, concurrent=max_tp)
+            for grp in groups:
+                for d in grp:
+                    per_dev[d] += t
+        return per_dev, replicas
+
+    # ---- the estimate ---------------------------------------------------------------------------
+    def estimate(self, plan: Plan, validate: bool = True) -> Estimate:
+        """Price ``plan``. With ``validate`` (default) an invalid plan raises ``InputError``."""
+        self.estimates += 1
+        model = self.resolve_model(plan)
+        if validate:
+            validate_plan(plan, self.cluster, model)
+        devs = self.cluster.devices
+        prec = plan.precision
+        sync_dev, replicas = self._sync(model, plan)
+        stages_out: list[StageEstimate] = []
+        peak: dict[str, float] = {}
+        detail: dict[str, MemoryBreakdown] = {}
+        fits = True
+        worst_pp = -1.0
+        crit = None
+        for pi, p in enumerate(plan.pipelines):
+            S = len(p.stages)
+            mbs = plan.mbs(p)
+            rows = []
+            for si, st in enumerate(p.stages):
+                fwd, bwd, comp, tpc, epc, gname, src = self._stage(model, st, si == 0, si == S - 1, mbs, plan)
+                rows.append([fwd, bwd, comp, tpc, epc, gname, src])
+            act = mbs * plan.sequence_length * model.hidden_size * act_bytes(prec)
+            send_f = [0.0] * S
+            send_b = [0.0] * S
+            for si in range(S - 1):
+                t = self.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
+                send_f[si] = t
+                send_b[si + 1] = t
+            T = pipeline_time(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(send_f),
+                              tuple(send_b), p.micro_batches, plan.schedule)
+            for si, st in enumerate(p.stages):
+                D = replicas.get((pi, si), 1)
+                mem = self._memory(model, plan, st, si, S, p.micro_batches, mbs, D, D > 1)
+                total = mem.total
+                cap = min(devs[d].gpu.memory_bytes for d in st.devices)
+                for d in st.devices:
+                    peak[d] = total
+                    detail[d] = mem
+                if total > cap:
+                    fits = False
+                worst_mem = total
+                r = rows[si]
+                stages_out.append(StageEstimate(pi, si, r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1],
+                                                r[2], r[3], r[4], send_f[si], send_b[si], worst_mem, cap, r[6]))
+            if T > worst_pp:
+                worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
+        t_sync = max(sync_dev.values(), default=0.0)
+        t_opt = self._optimizer_time(model, plan, replicas)
+        iteration = worst_pp + t_sync + t_opt
+        # breakdown of the critical pipeline, by its bottleneck stage
+        pi, rows, send_f, send_b, m = crit
+        b_idx = max(range(len(rows)), key=lambda i: rows[i][0] + rows[i][1] + send_f[i] + send_b[i])
+        r = rows[b_idx]
+        compute_s = m * r[2]
+        tp_s = m * r[3]
+        ep_s = m * r[4]
+        p2p_s = m * (send_f[b_idx] + send_b[b_idx])
+        bubble = max(0.0, worst_pp - compute_s - tp_s - ep_s - p2p_s)
+        scale = 1.0
+        if compute_s + tp_s + ep_s + p2p_s > worst_pp:
+            scale = worst_pp / (compute_s + tp_s + ep_s + p2p_s)
+        breakdown = {
+            "compute_s": compute_s * scale, "pipeline_bubble_s": bubble, "p2p_s": p2p_s * scale,
+            "tp_comm_s": tp_s * scale, "dp_sync_s": t_sync, "ep_comm_s": ep_s * scale, "optimizer_s": t_opt,
+        }
+        gbs = plan.global_batch_size
+        tokens = gbs * plan.sequence_length
+        peak_total = sum(devs[d].gpu.peak_flops(prec) for d in peak)
+        mfu = model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration / peak_total
+        return Estimate(
+            iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration, mfu=mfu,
+            peak_memory_bytes=peak, max_memory_bytes=max(peak.values()), fits=fits, breakdown=breakdown,
+            stages=stages_out, memory_detail=detail,
+        )
+
+    def _optimizer_time(self, model: ModelSpec, plan: Plan, replicas: dict[tuple[int, int], int]) -> float:
+        """Adam step: HBM traffic over the parameters each device updates (ZeRO-1: its shard)."""
+        cal = self.cal.memory
+        per_param = cal.optimizer_bytes_per_param_fp32 if plan.precision == "fp32" else cal.optimizer_bytes_per_param_mixed
+        worst = 0.0
+        devs = self.cluster.devices
+        for pi, p in enumerate(plan.pipelines):
+            S = len(p.stages)
+            for si, st in enumerate(p.stages):
+                params = _stage_params_cached(model, st.layers[0], st.layers[1], si == 0, si == S - 1, S, st.tp, st.ep)
+                if plan.zero_stage == 1:
+                    params /= replicas.get((pi, si), 1)
+                hbm = min(devs[d].gpu.hbm_bandwidth for d in st.devices)
+                worst = max(worst, params * per_param / (hbm * cal.optimizer_hbm_efficiency))
+        return worst
+
+
+_PARAMS_CACHE: dict[tuple, float] = {}
+_ACTS_CACHE: dict[tuple, float] = {}
+
+
+def _block_acts_cached(model: ModelSpec, a: int, z: int, seq: int, b: float, tp: int, precision: str, cal) -> float:
+    key = (model.key, a, z, seq, b, tp, precision, cal)
+    v = _ACTS_CACHE.get(key)
+    if v is None:
+        v = _ACTS_CACHE[key] = sum(block_activation_bytes(model, i, seq, b, tp, precision, cal) for i in range(a, z))
+    return v
+
+
+def _stage_params_cached(model: ModelSpec, a: int, b: int, first: bool, last: bool, S: int, tp: int, ep: int) -> float:
+    key = (model.key, a, b, first, last, S, tp, ep)
+    v = _PARAMS_CACHE.get(key)
+    if v is None:
+        v = _PARAMS_CACHE[key] = stage_params(model, a, b, first, last, S, tp, ep)
+    return v

@@ -1,0 +1,198 @@
+"""The planner protocol, results, time budgets, progress, the registry and the final pricing.
+
+Every planner ranks plans with its own formula; the harness (``run_planner``) re-prices the
+planner's top-k with ``CostModel.estimate`` and returns the best plan that fits, so all planners
+are judged by the same model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+from arachne.cost import CostModel, Estimate
+from arachne.errors import InputError, NoFeasiblePlanError
+from arachne.plan import Plan
+from arachne.spec.cluster import Cluster
+from arachne.spec.job import Job
+from arachne.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """How long a planner may search, its seed, and how many ranked plans it returns."""
+
+    time_budget_s: float = 60.0
+    seed: int = 0
+    top_k: int = 16
+    progress: bool = False  # show a rich progress bar on stderr
+
+    def deadline(self) -> "Deadline":
+        return Deadline(self.time_budget_s)
+
+
+class Deadline:
+    """Wall-clock budget started at construction."""
+
+    def __init__(self, seconds: float):
+        self.start = time.perf_counter()
+        self.seconds = seconds
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def expired(self) -> bool:
+        return self.elapsed >= self.seconds
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.seconds - self.elapsed)
+
+
+@dataclass
+class SearchStats:
+    wall_time_s: float = 0.0
+    candidates: int = 0
+    plans_priced: int = 0
+    timed_out: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PlannerResult:
+    """Ranked plans (best first by the planner's own formula) and their native scores."""
+
+    plans: list[Plan]
+    scores: list[float]
+    stats: SearchStats
+
+
+@runtime_checkable
+class Planner(Protocol):
+    name: str
+
+    def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
+             budget: SearchBudget) -> PlannerResult: ...
+
+
+_REGISTRY: dict[str, Callable[..., Planner]] = {}
+# modules that register planners when imported (kept lazy so `arachne --help` stays fast)
+PLANNER_MODULES = {
+    "arachne": "arachne.planners.arachne",
+    "megatron": "arachne.planners.megatron",
+    "megatron-oblivious": "arachne.planners.megatron",
+    "amp": "arachne.planners.amp",
+    "metis": "arachne.planners.metis",
+    "flashflex": "arachne.planners.flashflex",
+    "sailor": "arachne.planners.sailor",
+    "exhaustive": "arachne.planners.exhaustive",
+}
+
+
+def register(name: str) -> Callable[[Callable[..., Planner]], Callable[..., Planner]]:
+    """Class decorator: make a planner available as ``--planner NAME``."""
+
+    def deco(factory: Callable[..., Planner]) -> Callable[..., Planner]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def planner_names() -> list[str]:
+    """Planners whose modules exist in this installation."""
+    names = []
+    for name, mod in PLANNER_MODULES.items():
+        if importlib.util.find_spec(mod) is not None:
+            names.append(name)
+    return names
+
+
+def get_planner(name: str, **options: Any) -> Planner:
+    if name not in _REGISTRY:
+        mod = PLANNER_MODULES.get(name)
+        if mod is None or importlib.util.find_spec(mod) is None:
+            raise InputError("", "--planner", f"unknown planner {name!r} (available: {', '.join(planner_names())})")
+        importlib.import_module(mod)
+    return _REGISTRY[name](**options)
+
+
+@contextmanager
+def progress_bar(enabled: bool, description: str, total: float | None = None) -> Iterator[Callable[..., None]]:
+    """A rich progress bar on stderr (never stdout); yields ``advance(n=1, description=None)``."""
+    if not enabled:
+        yield lambda *a, **k: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
+        task = prog.add_task(description, total=total)
+
+        def advance(n: float = 1, description: str | None = None) -> None:
+            prog.update(task, advance=n, **({"description": description} if description else {}))
+
+        yield advance
+
+
+def best_priced(plans: list[Plan], cost_model: CostModel) -> tuple[Plan, Estimate] | None:
+    """The fastest plan that fits among ``plans`` under the common cost model."""
+    best: tuple[Plan, Estimate] | None = None
+    for p in plans:
+        try:
+            est = cost_model.estimate(p)
+        except InputError:
+            continue
+        if est.fits and (best is None or est.iteration_time_s < best[1].iteration_time_s):
+            best = (p, est)
+    return best
+
+
+def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel | None = None,
+                budget: SearchBudget = SearchBudget(), **options: Any) -> tuple[Plan, Estimate, PlannerResult]:
+    """Plan, re-price the top-k with the common cost model, and stamp the winner.
+
+    Raises :class:`NoFeasiblePlanError` (saying by how much memory falls short) when nothing fits."""
+    cost_model = cost_model or CostModel(cluster)
+    planner = get_planner(name, **options)
+    t0 = time.perf_counter()
+    before = cost_model.estimates
+    result = planner.plan(cluster, model, job, cost_model, budget)
+    chosen = best_priced(result.plans[: max(1, budget.top_k)], cost_model)
+    elapsed = time.perf_counter() - t0
+    result.stats.wall_time_s = elapsed
+    result.stats.plans_priced = cost_model.estimates - before
+    if chosen is None:
+        raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name))
+    plan, est = chosen
+    plan = plan.model_copy(update={"planner": name, "planning_time_s": round(elapsed, 6),
+                                   "estimate": est.to_doc(details=False)})
+    return plan, est, result
+
+
+def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, planner: str) -> str:
+    """Why nothing fits: the model state alone against the cluster's total memory."""
+    from arachne.cost.calibration import DEFAULT_CALIBRATION
+    from arachne.cost.memory import state_bytes_per_param
+
+    w, g, o = state_bytes_per_param(job.precision, DEFAULT_CALIBRATION.memory)
+    need = model.num_params * (w + g)
+    need_zero = need + model.num_params * o
+    have = cluster.total_memory_bytes
+    if need_zero > have:
+        return (f"no plan fits: {model.name} needs at least {need_zero / 1e9:.0f} GB for weights, gradients and "
+                f"optimizer state ({job.precision}, Adam) but the cluster has {have / 1e9:.0f} GB in total "
+                f"(short by {(need_zero - have) / 1e9:.0f} GB)")
+    return (f"no plan found by {planner} fits in memory: {model.name} model state needs {need_zero / 1e9:.0f} GB of "
+            f"the cluster's {have / 1e9:.0f} GB, but no layout keeps every GPU under its capacity with activations "
+            f"for batch {job.global_batch_size} x {job.sequence_length} (try a smaller sequence length, or more GPUs)")
+
+
+def _stderr_is_tty() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,1 @@
+"""Rich tables and matplotlib figures shared by the commands."""

@@ -1,0 +1,68 @@
+"""Rich renderings of plans and estimates."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from arachne.cost.model import Estimate
+from arachne.plan import Plan
+
+GIB = 2 ** 30
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
+    """Per stage: GPU type, layers, tp/dp/ep, time per micro-batch, memory against capacity."""
+    t = Table(title=title, title_justify="left")
+    for col, just in (("pipe", "right"), ("stage", "right"), ("GPU", "left"), ("layers", "left"),
+                      ("GPUs", "right"), ("tp", "right"), ("dp", "right"), ("ep", "right"),
+                      ("time/µbatch", "right"), ("memory / capacity", "right"), ("compute from", "left")):
+        t.add_column(col, justify=just)
+    for s in est.stages:
+        st = plan.pipelines[s.pipeline].stages[s.stage]
+        ratio = s.memory_bytes / s.capacity_bytes
+        style = "red" if ratio > 1 else ("yellow" if ratio > 0.9 else "green")
+        mem = Text(f"{fmt_bytes(s.memory_bytes)} / {fmt_bytes(s.capacity_bytes)} ({ratio:.0%})", style=style)
+        extras = " rc" if st.recompute else ""
+        t.add_row(str(s.pipeline), str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}",
+                  str(len(st.devices)), str(s.tp), str(s.dp), str(s.ep), fmt_time(s.fwd_s + s.bwd_s), mem, s.source)
+    return t
+
+
+def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = None) -> Table:
+    """Throughput, MFU, iteration time, fit, and the time breakdown."""
+    t = Table(title="Estimate", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("model", plan.model_name)
+    t.add_row("batch", f"{plan.global_batch_size} x {plan.sequence_length} tokens, micro-batch {plan.micro_batch_size}, "
+                       f"{plan.precision}, zero {plan.zero_stage}, {plan.schedule}")
+    t.add_row("pipelines x stages", " + ".join(f"{len(p.stages)}" for p in plan.pipelines))
+    t.add_row("GPUs used", str(len(plan.devices)))
+    t.add_row("iteration time", fmt_time(est.iteration_time_s))
+    t.add_row("throughput", f"{est.tokens_per_s:,.0f} tokens/s  ({est.samples_per_s:,.2f} samples/s)")
+    t.add_row("MFU", f"{est.mfu:.1%}")
+    t.add_row("peak memory", fmt_bytes(est.max_memory_bytes))
+    t.add_row("fits", Text("yes", style="green") if est.fits else Text("NO", style="bold red"))
+    for k, v in est.breakdown.items():
+        t.add_row(f"  {k.removesuffix('_s').replace('_', ' ')}", fmt_time(v))
+    if planning_time_s is not None:
+        t.add_row("planning time", fmt_time(planning_time_s))
+    return t
+
+
+def plan_report(plan: Plan, est: Estimate, planning_time_s: float | None = None) -> Group:
+    return Group(stage_table(plan, est), summary_table(plan, est, planning_time_s))

@@ -1,0 +1,141 @@
+"""The GPU catalog: sourced figures per GPU type, with aliases (including Sailor's names)."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+GB = 1e9
+TFLOPS = 1e12
+
+
+def normalize_name(name: str) -> str:
+    """Case- and punctuation-insensitive key (dots kept: 1.3B is not 13B): ``A100-SXM4_40GB`` -> ``a100sxm440gb``."""
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+class GPUType(BaseModel):
+    """One GPU type. Figures in the units of the catalog (GB, GB/s, TFLOPS); use the properties for SI."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    vendor: str = "unknown"
+    generation: str = "unknown"
+    memory_gb: float = Field(gt=0)
+    peak_tflops: float = Field(gt=0, description="dense bf16/fp16 tensor throughput")
+    bf16: bool = True
+    fp32_tflops: float | None = Field(default=None, gt=0)
+    tf32_tflops: float | None = Field(default=None, gt=0)
+    memory_bandwidth_gbps: float = Field(gt=0)
+    intra_node_gbps: float = Field(gt=0, description="per-GPU bandwidth to node peers, bidirectional")
+    intra_node_link: Literal["nvlink", "pcie", "xgmi", "other"] = "other"
+    gpus_per_node: int = Field(default=8, ge=1)
+    inter_node_gbps: float = Field(gt=0, description="per-node network bandwidth")
+    nics_per_node: int = Field(default=1, ge=1)
+    measured_collective_gbps: float | None = Field(default=None, gt=0)
+    source: str = ""
+    uncertain: tuple[str, ...] = ()
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * GB
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense matmul FLOP/s at a training precision (fp32 runs TF32 where the GPU has it)."""
+        if precision == "fp32":
+            tflops = self.tf32_tflops or self.fp32_tflops or self.peak_tflops / 8
+        else:
+            tflops = self.peak_tflops
+        return tflops * TFLOPS
+
+    @property
+    def hbm_bandwidth(self) -> float:
+        return self.memory_bandwidth_gbps * GB
+
+    @property
+    def collective_bandwidth(self) -> float:
+        """Effective per-GPU bandwidth of intra-node collectives and p2p, bytes/s."""
+        if self.measured_collective_gbps:
+            return self.measured_collective_gbps * GB
+        eff = 0.8 if self.intra_node_link in ("nvlink", "xgmi") else 0.7
+        return self.intra_node_gbps / 2 * eff * GB
+
+    @property
+    def node_bandwidth(self) -> float:
+        """A node's usual network bandwidth, bytes/s."""
+        return self.inter_node_gbps * GB
+
+    @property
+    def features(self) -> dict[str, float]:
+        """Numeric description used by learned components (never the name)."""
+        return {
+            "memory_gb": self.memory_gb,
+            "peak_tflops": self.peak_tflops,
+            "memory_bandwidth_gbps": self.memory_bandwidth_gbps,
+            "intra_node_gbps": self.intra_node_gbps,
+            "inter_node_gbps": self.inter_node_gbps,
+        }
+
+
+class CustomGPUType(BaseModel):
+    """A GPU type declared in a cluster's ``gpu_types`` (formats v1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    memory_gb: float = Field(gt=0)
+    peak_tflops: float = Field(gt=0)
+    memory_bandwidth_gbps: float = Field(gt=0)
+    intra_node_gbps: float = Field(gt=0)
+    inter_node_gbps: float = Field(gt=0)
+    fp32_tflops: float | None = Field(default=None, gt=0)
+    tf32_tflops: float | None = Field(default=None, gt=0)
+    bf16: bool = True
+    gpus_per_node: int = Field(default=8, ge=1)
+    nics_per_node: int = Field(default=1, ge=1)
+    intra_node_link: Literal["nvlink", "pcie", "xgmi", "other"] = "other"
+
+    def to_gpu_type(self) -> GPUType:
+        return GPUType(**self.model_dump(), source="cluster gpu_types")
+
+
+class GPUCatalog:
+    """Name/alias lookup over GPU types (case and punctuation insensitive)."""
+
+    def __init__(self, gpus: list[GPUType], allow_override: bool = False):
+        self.gpus = list(gpus)
+        self._index: dict[str, GPUType] = {}
+        for gpu in self.gpus:
+            for key in (gpu.name, *gpu.aliases):
+                k = normalize_name(key)
+                if not allow_override and k in self._index and self._index[k].name != gpu.name:
+                    raise ValueError(f"GPU name {key!r} is ambiguous in the catalog")
+                self._index[k] = gpu
+
+    def get(self, name: str) -> GPUType | None:
+        return self._index.get(normalize_name(name))
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def with_types(self, extra: list[GPUType]) -> "GPUCatalog":
+        """A catalog where ``extra`` types override same-named catalog entries."""
+        return GPUCatalog([*self.gpus, *extra], allow_override=True)
+
+    def names(self) -> list[str]:
+        return [g.name for g in self.gpus]
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> GPUCatalog:
+    """The shipped GPU catalog (``arachne/data/gpus.yaml``)."""
+    text = resources.files("arachne.data").joinpath("gpus.yaml").read_text()
+    data = yaml.safe_load(text)
+    return GPUCatalog([GPUType(**entry) for entry in data["gpus"]])
