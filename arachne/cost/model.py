@@ -134,11 +134,11 @@ class CostModel:
         h = model.hidden_size
 
         def tp_comm(t: int) -> float:
-            return self._tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
+            return self.tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
 
         return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm)
 
-    def _tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
+    def tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
         """Forward TP traffic of one block (two all-reduces) inside a node of ``gpu``."""
         if tp <= 1:
             return 0.0

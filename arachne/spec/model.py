@@ -213,6 +213,13 @@ class ModelSpec(BaseModel):
         return key == normalize_name(self.name) or any(key == normalize_name(a) for a in self.aliases)
 
 
+def model_ref(model: ModelSpec) -> str | dict:
+    """How a plan names ``model``: its catalog name, or the whole document when it is not a catalog model."""
+    if model_catalog().get(model.name) == model:
+        return model.name
+    return model.model_dump(exclude_defaults=True, exclude={"aliases", "source"})
+
+
 class ModelCatalog:
     """Lookup of catalog models by name or alias (case and punctuation insensitive)."""
 

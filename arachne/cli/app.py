@@ -1,0 +1,34 @@
+"""The typer application. Command modules register themselves in ``COMMAND_MODULES`` order."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="arachne",
+    help="Plan parallel training of dense and MoE transformers on heterogeneous GPU clusters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Each module defines ``register(app)``; heavy imports stay inside the commands.
+COMMAND_MODULES = [
+    "arachne.cli.catalog_cmds",
+    "arachne.cli.estimate_cmds",
+    "arachne.cli.plan_cmds",
+]
+
+
+def _register() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,63 @@
+"""`arachne plan`: plan a job on a cluster with any registered planner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from arachne.cli.common import console, err_console, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    @handle_errors
+    def plan(
+        cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
+        model: str = typer.Option(..., "--model", "-m", help="catalog model name or model YAML/JSON file"),
+        global_batch_size: int = typer.Option(..., "--global-batch-size", "-b", min=1, help="sequences per iteration"),
+        sequence_length: int = typer.Option(..., "--sequence-length", "-s", min=1, help="tokens per sequence"),
+        planner: str = typer.Option("arachne", "--planner", help="arachne (default) or a baseline"),
+        time_budget: float = typer.Option(60.0, "--time-budget", min=0.0, help="planning time budget, seconds"),
+        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp32"),
+        profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
+        output: Path | None = typer.Option(None, "-o", "--output", help="write the plan JSON here"),
+        as_json: bool = typer.Option(False, "--json", help="print the plan JSON on stdout"),
+        top_k: int = typer.Option(16, "--top-k", min=1, help="plans re-priced by the common cost model"),
+        seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
+    ) -> None:
+        """Find a fast plan that fits, print it with its estimate, optionally write the plan JSON."""
+        import sys
+
+        from arachne.cli.estimate_cmds import _cost_model
+        from arachne.errors import InputError
+        from arachne.planners.base import SearchBudget, run_planner
+        from arachne.report.tables import plan_report
+        from arachne.spec.cluster import load_cluster
+        from arachne.spec.job import Job
+        from arachne.spec.model import load_model
+
+        if precision not in ("bf16", "fp16", "fp32"):
+            raise InputError("", "--precision", f"expected bf16, fp16 or fp32, got {precision!r}")
+        if output is not None and output.is_dir():
+            raise InputError(str(output), "", "is a directory, expected a file path")
+        cl = load_cluster(cluster)
+        spec = load_model(model, "", "--model")
+        job = Job(global_batch_size=global_batch_size, sequence_length=sequence_length, precision=precision)
+        if sequence_length > spec.max_sequence_length:
+            err_console.print(f"note: sequence length {sequence_length} exceeds {spec.name}'s "
+                              f"max_sequence_length {spec.max_sequence_length}")
+        cm = _cost_model(cl, profiles)
+        budget = SearchBudget(time_budget_s=time_budget, seed=seed, top_k=top_k, progress=sys.stderr.isatty())
+        plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget)
+        if output is not None:
+            plan_doc.save(output)
+        if as_json:
+            print(json.dumps(plan_doc.to_doc(), indent=2))
+            return
+        console.print(f"[bold]{planner}[/bold] plan for {spec.name} on {cl.name} ({cl.num_gpus} GPUs): "
+                      f"{result.stats.candidates} candidates, {result.stats.plans_priced} plans priced")
+        console.print(plan_report(plan_doc, est, plan_doc.planning_time_s))
+        if output is not None:
+            console.print(f"plan written to {output}")

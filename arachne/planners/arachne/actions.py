@@ -1,0 +1,117 @@
+"""Templates as a sequence of decisions, one per device class (fastest first).
+
+Decision 0 picks how many replicas ``R`` a *mixed* pipeline group has (0: none). Then each
+class picks one action: ``skip``; ``own`` (homogeneous pipelines of ``S`` stages of (tp, dp, ep),
+as many replicas as fit); or ``mix`` (``k`` stages of (tp, dp, ep) in each of the ``R`` mixed
+replicas). Any prefix of decisions is itself a template (later classes unused), which is what
+lets both the teacher and the policy build templates step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from arachne.planners.arachne.template import (
+    DeviceClass,
+    Group,
+    Slot,
+    Template,
+    ep_options,
+    slot_fits_nodes,
+    tp_options,
+)
+from arachne.spec.model import ModelSpec
+
+STAGE_COUNTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
+DP_CHOICES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "skip" | "own" | "mix"
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    stages: int = 0      # S for own, k for mix
+    replicas: int = 0    # own: replicas; mix: the group's R
+
+
+@dataclass(frozen=True)
+class State:
+    """Decisions so far: mixed-group replicas and one action per decided class."""
+
+    mix_replicas: int
+    actions: tuple[Action, ...] = ()
+
+    def step(self) -> int:
+        return len(self.actions)
+
+    def push(self, a: Action) -> "State":
+        return replace(self, actions=self.actions + (a,))
+
+    def mixed_stages(self) -> int:
+        return sum(a.stages for a in self.actions if a.kind == "mix")
+
+    def template(self) -> Template:
+        groups = []
+        mix_slots: list[Slot] = []
+        for ci, a in enumerate(self.actions):
+            if a.kind == "own":
+                groups.append(Group(tuple(Slot(ci, a.tp, a.dp, a.ep) for _ in range(a.stages)), a.replicas))
+            elif a.kind == "mix":
+                mix_slots.extend(Slot(ci, a.tp, a.dp, a.ep) for _ in range(a.stages))
+        if mix_slots:
+            groups.insert(0, Group(tuple(mix_slots), self.mix_replicas))
+        return Template(tuple(groups))
+
+    def is_empty(self) -> bool:
+        return all(a.kind == "skip" for a in self.actions)
+
+
+def mix_replica_options(classes: list[DeviceClass], max_options: int = 6) -> list[int]:
+    """Mixed-group replica counts worth trying: 0, and powers of two up to the smallest class."""
+    if len(classes) < 2:
+        return [0]
+    smallest = min(c.count for c in classes)
+    out = [0]
+    r = 1
+    while r <= smallest and len(out) < max_options:
+        out.append(r)
+        r *= 2
+    return out
+
+
+def slot_options(model: ModelSpec, c: DeviceClass) -> list[tuple[int, int, int]]:
+    """(tp, dp, ep) choices for a slot of class ``c``."""
+    out = []
+    for tp in tp_options(model, c.node_size):
+        for dp in DP_CHOICES:
+            if not slot_fits_nodes(tp * dp, c.node_size) or tp * dp > c.count:
+                continue
+            if dp > 1 and tp * dp > c.node_size and not model.is_moe:
+                continue  # stage dp across nodes only pays off for experts
+            eps = ep_options(model, dp)
+            for ep in sorted({eps[0], eps[-1]}):
+                out.append((tp, dp, ep))
+    return out
+
+
+def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: int | None = None) -> list[Action]:
+    """Valid actions for the next class given the decisions so far."""
+    L = model.num_layers
+    acts = [Action("skip")]
+    cap_stages = min(L, max_stages or L)
+    for tp, dp, ep in slot_options(model, c):
+        g = tp * dp
+        for S in STAGE_COUNTS:
+            if S > cap_stages or S * g > c.count:
+                break
+            acts.append(Action("own", tp, dp, ep, S, c.count // (S * g)))
+        R = state.mix_replicas
+        if R:
+            used = state.mixed_stages()
+            for k in STAGE_COUNTS:
+                if used + k > L or R * k * g > c.count:
+                    break
+                acts.append(Action("mix", tp, dp, ep, k, R))
+    return acts

@@ -1,0 +1,89 @@
+"""The arachne planner: the policy proposes templates, rules complete them, the cost model prices them."""
+
+from __future__ import annotations
+
+from arachne.cost import CostModel
+from arachne.planners.arachne.actions import State
+from arachne.planners.arachne.features import FeatureBuilder
+from arachne.planners.arachne.policy import Policy, shipped_policy
+from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
+from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
+from arachne.planners.completion import PlanningContext
+from arachne.spec.cluster import Cluster
+from arachne.spec.job import Job
+from arachne.spec.model import ModelSpec
+
+
+@register("arachne")
+class ArachnePlanner:
+    """Top-k templates from the learned policy plus rule-based floor templates, completed and priced,
+    then a short priced local refinement of the best one.
+
+    ``mode``: "policy" (default; falls back to "teacher" when no checkpoint is shipped), "teacher"
+    (priced beam search: the offline teacher), "floor" (rule-based templates only), "random"
+    (``k`` random valid templates; the learning ablation)."""
+
+    name = "arachne"
+
+    def __init__(self, k: int = 24, mode: str = "policy", refine_s: float = 0.4, floor_actions: int = 24,
+                 teacher_beam: int = 2, policy: Policy | None = None, use_refine: bool = True):
+        self.k, self.mode, self.refine_s = k, mode, refine_s
+        self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
+        self.policy = policy
+        self.use_refine = use_refine
+
+    def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
+             budget: SearchBudget) -> PlannerResult:
+        deadline = budget.deadline()
+        ctx = PlanningContext(cluster, model, job, cost_model)
+        pricer = Pricer(ctx)
+        stats = SearchStats()
+        policy = self.policy or (shipped_policy() if self.mode == "policy" else None)
+        mode = self.mode if (self.mode != "policy" or policy is not None) else "teacher"
+        stats.notes["mode"] = mode
+        with progress_bar(budget.progress, "arachne: pricing templates") as advance:
+            states: list[State] = []
+            if mode == "policy":
+                states += policy_search(ctx, policy, self.k, FeatureBuilder(ctx))
+            elif mode == "random":
+                states += random_states(ctx, self.k, budget.seed)
+            if mode in ("policy", "floor", "teacher"):
+                states += floor_states(ctx, pricer, deadline, self.floor_actions)
+            if mode == "teacher":
+                teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
+            for st in states:
+                if deadline.expired():
+                    stats.timed_out = True
+                    break
+                pricer.price_state(st)
+                advance(1)
+            best = pricer.best()
+            if best is not None and self.use_refine and mode != "random":
+                start = pricer.states.get(best[0])
+                if start is not None:
+                    sub = Deadline(min(self.refine_s, deadline.remaining))
+                    refine(ctx, pricer, start, sub)
+        ranked = sorted(((t, r) for t, r in pricer.cache.items() if r is not None),
+                        key=lambda x: -x[1][1].tokens_per_s)[: max(1, budget.top_k)]
+        stats.candidates = len(pricer.cache)
+        stats.timed_out = stats.timed_out or deadline.expired()
+        return PlannerResult([r[0] for _, r in ranked], [r[1].iteration_time_s for _, r in ranked], stats)
+
+
+def random_states(ctx: PlanningContext, k: int, seed: int) -> list[State]:
+    """``k`` uniformly random decision sequences (valid by construction): the ablation baseline."""
+    import random
+
+    from arachne.planners.arachne.actions import class_actions, mix_replica_options
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k * 4):
+        st = State(rng.choice(mix_replica_options(ctx.classes)))
+        for c in ctx.classes:
+            st = st.push(rng.choice(class_actions(st, ctx.model, c)))
+        if not st.is_empty():
+            out.append(st)
+        if len(out) >= k:
+            break
+    return out

@@ -1,0 +1,190 @@
+"""Searching templates: the priced teacher (beam search over decisions), the policy's beam
+search (no pricing), rule-based floor templates, and a priced local refinement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from arachne.cost import Estimate
+from arachne.plan import Plan
+from arachne.planners.arachne.actions import Action, State, class_actions, mix_replica_options
+from arachne.planners.arachne.features import FeatureBuilder
+from arachne.planners.arachne.policy import Policy
+from arachne.planners.arachne.template import Template
+from arachne.planners.base import Deadline
+from arachne.planners.completion import PlanningContext, price_template
+
+
+@dataclass
+class Pricer:
+    """Prices templates through completion, once each."""
+
+    ctx: PlanningContext
+    cache: dict[Template, tuple[Plan, Estimate] | None] = field(default_factory=dict)
+    states: dict[Template, State] = field(default_factory=dict)
+
+    def price_state(self, st: State) -> float:
+        tpl = st.template()
+        self.states.setdefault(tpl, st)
+        return self.throughput(tpl)
+
+    def __call__(self, tpl: Template) -> tuple[Plan, Estimate] | None:
+        if not tpl.groups:
+            return None
+        if tpl not in self.cache:
+            self.cache[tpl] = price_template(tpl, self.ctx) if tpl.fits_counts(self.ctx.classes) else None
+        return self.cache[tpl]
+
+    def throughput(self, tpl: Template) -> float:
+        r = self(tpl)
+        return r[1].tokens_per_s if r else 0.0
+
+    def best(self) -> tuple[Template, Plan, Estimate] | None:
+        items = [(t, r) for t, r in self.cache.items() if r is not None]
+        if not items:
+            return None
+        t, (p, e) = max(items, key=lambda x: x[1][1].tokens_per_s)
+        return t, p, e
+
+
+@dataclass
+class Decision:
+    """One priced step of the teacher: the state, its valid actions and each action's throughput."""
+
+    state: State
+    actions: list[Action]
+    values: list[float]
+
+
+def teacher_search(ctx: PlanningContext, pricer: Pricer, beam: int = 4, deadline: Deadline | None = None,
+                   progress=None) -> list[Decision]:
+    """Beam search over decisions where every partial template is completed and priced."""
+    classes, model = ctx.classes, ctx.model
+    decisions: list[Decision] = []
+    beams = [State(r) for r in mix_replica_options(classes)]
+    root_vals = []
+    for st in beams:  # decision 0 is priced by the best single-step continuation below
+        root_vals.append(0.0)
+    for ci in range(len(classes)):
+        cand: list[tuple[float, State]] = []
+        for st in beams:
+            acts = class_actions(st, model, classes[ci])
+            vals = []
+            for a in acts:
+                if deadline is not None and deadline.expired():
+                    break
+                new = st.push(a)
+                v = pricer.price_state(new)
+                vals.append(v)
+                cand.append((v, new))
+                if progress:
+                    progress(1)
+            decisions.append(Decision(st, acts[: len(vals)], vals))
+        cand.sort(key=lambda x: -x[0])
+        seen, beams = set(), []
+        for v, st in cand:
+            key = st.template()
+            if key in seen and st.actions[-1].kind == "skip":
+                continue
+            seen.add(key)
+            beams.append(st)
+            if len(beams) >= beam:
+                break
+        if not beams or (deadline is not None and deadline.expired()):
+            break
+    return decisions
+
+
+def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: FeatureBuilder | None = None
+                  ) -> list[State]:
+    """Beam search on the policy's log-probabilities: the top-k complete decision sequences."""
+    feats = feats or FeatureBuilder(ctx)
+    classes, model = ctx.classes, ctx.model
+    roots = mix_replica_options(classes)
+    beams: list[tuple[float, State]] = [(0.0, State(r)) for r in roots]
+    for ci in range(len(classes)):
+        cand: list[tuple[float, State]] = []
+        for lp, st in beams:
+            acts = class_actions(st, model, classes[ci])
+            logits = policy.logits(feats.batch(st, acts))
+            logp = logits - np.logaddexp.reduce(logits)
+            order = np.argsort(-logp)[: k]
+            cand.extend((lp + float(logp[i]), st.push(acts[i])) for i in order)
+        cand.sort(key=lambda x: -x[0])
+        beams = cand[: k]
+    return [st for _, st in beams]
+
+
+def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None,
+                 max_actions: int = 400) -> list[State]:
+    """Rule-based templates: each class's best homogeneous pipelines (priced alone), then all classes
+    together (heterogeneous data parallelism), and the fastest class alone."""
+    classes, model = ctx.classes, ctx.model
+    best_own: list[Action] = []
+    for ci, c in enumerate(classes):
+        prefix = State(0, tuple(Action("skip") for _ in range(ci)))
+        acts = [a for a in class_actions(prefix, model, c) if a.kind == "own"]
+        acts = _thin(acts, max_actions)
+        top, top_v = Action("skip"), 0.0
+        for a in acts:
+            if deadline is not None and deadline.expired():
+                break
+            v = pricer.price_state(prefix.push(a))
+            if v > top_v:
+                top, top_v = a, v
+        best_own.append(top)
+    states = [State(0, tuple(best_own))]
+    for ci in range(len(classes)):
+        states.append(State(0, tuple(a if i == ci else Action("skip") for i, a in enumerate(best_own))))
+    return states
+
+
+def _thin(acts: list[Action], n: int) -> list[Action]:
+    if len(acts) <= n:
+        return acts
+    idx = np.linspace(0, len(acts) - 1, n).round().astype(int)
+    return [acts[i] for i in sorted(set(idx))]
+
+
+def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
+    """Priced local search: change one class's action at a time, keep improvements."""
+    classes, model = ctx.classes, ctx.model
+    pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
+    start = State(start.mix_replicas, start.actions + pad)
+    best, best_v = start, pricer.throughput(start.template())
+    for _ in range(rounds):
+        improved = False
+        for ci in range(len(classes)):
+            if deadline.expired():
+                return best
+            prefix = State(best.mix_replicas, best.actions[:ci])
+            cur = best.actions[ci]
+            for a in _neighbours(cur, class_actions(prefix, model, classes[ci])):
+                if deadline.expired():
+                    return best
+                cand = State(best.mix_replicas, best.actions[:ci] + (a,) + best.actions[ci + 1:])
+                v = pricer.price_state(cand)
+                if v > best_v * (1 + 1e-9):
+                    best, best_v, improved = cand, v, True
+        if not improved:
+            break
+    return best
+
+
+def _neighbours(cur: Action, options: list[Action]) -> list[Action]:
+    """Actions one step away from ``cur``: same kind with one of tp/dp/ep/stages changed, or skip."""
+    out = []
+    for a in options:
+        if a == cur:
+            continue
+        if a.kind == "skip":
+            out.append(a)
+            continue
+        if a.kind != cur.kind and cur.kind != "skip":
+            continue
+        diff = sum([a.tp != cur.tp, a.dp != cur.dp, a.ep != cur.ep, a.stages != cur.stages])
+        if cur.kind == "skip" or diff <= 1:
+            out.append(a)
+    return out

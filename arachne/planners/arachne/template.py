@@ -1,0 +1,121 @@
+"""Templates: the structure of a plan, the only thing arachne searches.
+
+A template is a list of pipeline groups. A group is one pipeline shape (an ordered list of stage
+slots) replicated ``replicas`` times. A slot names a device class (GPU type + node size +
+network), its tensor-parallel degree ``tp``, stage-level data parallelism ``dp`` and expert
+parallelism ``ep``. Layer splits, placement on nodes, micro-batch counts, micro-batch size,
+recomputation and ZeRO follow by rule (:mod:`arachne.planners.completion`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from arachne.spec.cluster import Cluster
+from arachne.spec.gpus import GPUType
+from arachne.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """Nodes that are interchangeable for planning: same GPU type, node size and network."""
+
+    index: int
+    gpu: GPUType
+    node_size: int
+    inter_node_bw: float
+    nodes: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return self.node_size * len(self.nodes)
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu.name}x{self.node_size}"
+
+
+def device_classes(cluster: Cluster, precision: str = "bf16") -> list[DeviceClass]:
+    """The cluster's device classes, fastest GPU type first (ties: larger nodes first)."""
+    groups: dict[tuple, list[str]] = {}
+    gpus: dict[tuple, GPUType] = {}
+    for n in cluster.nodes:
+        key = (n.gpu.name, n.num_gpus, n.inter_node_bw)
+        groups.setdefault(key, []).append(n.name)
+        gpus[key] = n.gpu
+    keys = sorted(groups, key=lambda k: (-gpus[k].peak_flops(precision), -gpus[k].memory_gb, -k[1], -k[2], k[0]))
+    return [DeviceClass(i, gpus[k], k[1], k[2], tuple(groups[k])) for i, k in enumerate(keys)]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One stage position: ``dp`` groups of ``tp`` GPUs of device class ``cls``."""
+
+    cls: int
+    tp: int
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass(frozen=True)
+class Group:
+    slots: tuple[Slot, ...]
+    replicas: int
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.slots)
+
+
+@dataclass(frozen=True)
+class Template:
+    groups: tuple[Group, ...]
+
+    def usage(self) -> Counter:
+        """GPUs used per device class."""
+        c: Counter[int] = Counter()
+        for g in self.groups:
+            for s in g.slots:
+                c[s.cls] += s.gpus * g.replicas
+        return c
+
+    def fits_counts(self, classes: list[DeviceClass]) -> bool:
+        return all(n <= classes[c].count for c, n in self.usage().items())
+
+    def describe(self, classes: list[DeviceClass]) -> str:
+        parts = []
+        for g in self.groups:
+            slots = " | ".join(f"{classes[s.cls].gpu.name} tp{s.tp}" + (f" dp{s.dp}" if s.dp > 1 else "")
+                               + (f" ep{s.ep}" if s.ep > 1 else "") for s in g.slots)
+            parts.append(f"{g.replicas} x [{slots}]")
+        return " + ".join(parts)
+
+
+def slot_fits_nodes(slot_gpus: int, node_size: int) -> bool:
+    """A slot packs into nodes: it divides a node, or covers whole nodes."""
+    if slot_gpus <= node_size:
+        return node_size % slot_gpus == 0
+    return slot_gpus % node_size == 0
+
+
+def tp_options(model: ModelSpec, node_size: int) -> list[int]:
+    """Tensor-parallel degrees inside one node: powers of two dividing the heads and the node."""
+    out = []
+    t = 1
+    while t <= node_size:
+        if model.num_attention_heads % t == 0 and node_size % t == 0 and model.ffn_hidden_size % t == 0:
+            out.append(t)
+        t *= 2
+    return out
+
+
+def ep_options(model: ModelSpec, dp: int) -> list[int]:
+    """Expert-parallel degrees for a slot with ``dp`` groups (1 for dense models)."""
+    if not model.is_moe:
+        return [1]
+    return [e for e in range(1, dp + 1) if dp % e == 0 and model.num_experts % e == 0]

@@ -1,0 +1,317 @@
+"""Rule completion shared by planners: a template becomes a full, priced plan.
+
+Rules: place each slot on concrete devices (TP groups inside a node, a replica's stages next to
+each other); split layers to balance stage time under each stage's memory (bisection on the
+bottleneck time with a greedy fill, using the cost model's per-layer times and memory); share
+micro-batches across pipelines in proportion to their speed (water-filling on the fill + steady
+time of each pipeline); then price a small candidate set (micro-batch size, recomputation where
+memory demands it, ZeRO-1 when layers are replicated) with ``CostModel.estimate``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from arachne.cost import CostModel, Estimate
+from arachne.cost.compute import act_bytes
+from arachne.cost.memory import block_activation_bytes
+from arachne.plan import Pipeline, Plan, Stage
+from arachne.planners.arachne.template import DeviceClass, Template, device_classes
+from arachne.spec.cluster import Cluster
+from arachne.spec.job import Job
+from arachne.spec.model import ModelSpec, model_ref
+
+MBS_CHOICES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass
+class SlotProfile:
+    """Per-layer time (fwd+bwd per micro-batch, TP traffic included) and a linear memory model."""
+
+    time_prefix: np.ndarray
+    emb: float
+    head: float
+    mem_fixed: float
+    mem_param_prefix: np.ndarray
+    mem_act_prefix: np.ndarray
+    mem_first_param: float
+    mem_first_act: float
+    mem_last: float
+    capacity: float
+
+    def time(self, a: int, z: int, first: bool, last: bool) -> float:
+        t = float(self.time_prefix[z] - self.time_prefix[a])
+        return t + (self.emb if first else 0.0) + (self.head if last else 0.0)
+
+    def memory(self, a: int, z: int, first: bool, last: bool, in_flight: int) -> float:
+        m = self.mem_fixed + float(self.mem_param_prefix[z] - self.mem_param_prefix[a])
+        m += in_flight * float(self.mem_act_prefix[z] - self.mem_act_prefix[a])
+        if first:
+            m += self.mem_first_param + in_flight * self.mem_first_act
+        if last:
+            m += self.mem_last
+        return m
+
+
+@dataclass
+class PlanningContext:
+    """Everything completion needs about one planning problem, with caches."""
+
+    cluster: Cluster
+    model: ModelSpec
+    job: Job
+    cost_model: CostModel
+    classes: list[DeviceClass] = field(default_factory=list)
+    memory_headroom: float = 0.97
+    _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.classes:
+            self.classes = device_classes(self.cluster, self.job.precision)
+
+    # ---- slot primitives ------------------------------------------------------------------------
+    def slot_profile(self, cls: int, tp: int, dp: int, ep: int, mbs: int, num_stages: int,
+                     zero_shards: int, recompute: bool) -> SlotProfile:
+        key = (cls, tp, dp, ep, mbs, num_stages > 1, zero_shards, recompute)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        m, job, cm = self.model, self.job, self.cost_model
+        gpu = self.classes[cls].gpu
+        b = mbs / dp
+        seq, prec = job.sequence_length, job.precision
+        lc = cm.layer_costs(m, gpu, prec, seq, b, tp, ep)
+        L = m.num_layers
+        per = np.diff(lc.fwd_cum) + np.diff(lc.bwd_cum)
+        if recompute:
+            per = per + np.diff(lc.fwd_cum)
+        if tp > 1 and not lc.includes_tp_comm:
+            tpc = cm.tp_block_time(gpu, tp, b * seq * m.hidden_size * act_bytes(prec)) * (3 if recompute else 2)
+            per = per + tpc
+        if ep > 1:
+            nbytes = b * seq * m.experts_top_k * m.hidden_size * act_bytes(prec) / tp
+            a2a = 4 * (2 * (ep - 1) / ep * nbytes / gpu.collective_bandwidth)
+            per = per + np.array([a2a if m.moe_layers[i] else 0.0 for i in range(L)])
+        tprefix = np.concatenate([[0.0], np.cumsum(per)])
+        # memory: linear in layers; measure the pieces with the cost model's own function
+        S = max(2, num_stages)
+        kw = dict(model=m, num_stages=S, tp=tp, ep=ep, b=b, precision=prec, seq=seq, zero_shards=zero_shards,
+                  replicated=zero_shards > 1, recompute=recompute)
+        fixed0 = cm.stage_memory(layers=(0, 0), first=False, last=False, in_flight_mbs=0, **kw).total
+        recompute_peak = 0.0
+        if recompute:
+            recompute_peak = max(block_activation_bytes(m, i, seq, b, tp, prec, cm.cal.memory) for i in range(L))
+        kinds: dict[bool, tuple[float, float]] = {}
+        p_inc, a_inc = np.zeros(L), np.zeros(L)
+        for i in range(L):
+            kind = m.moe_layers[i]
+            if kind not in kinds:
+                m0 = cm.stage_memory(layers=(i, i + 1), first=False, last=False, in_flight_mbs=0, **kw).total
+                m1 = cm.stage_memory(layers=(i, i + 1), first=False, last=False, in_flight_mbs=1, **kw).total
+                kinds[kind] = (m0 - fixed0 - recompute_peak, m1 - m0)
+            p_inc[i], a_inc[i] = kinds[kind]
+        f0 = cm.stage_memory(layers=(0, 0), first=True, last=False, in_flight_mbs=0, **kw).total
+        f1 = cm.stage_memory(layers=(0, 0), first=True, last=False, in_flight_mbs=1, **kw).total
+        last = cm.stage_memory(layers=(0, 0), first=False, last=True, in_flight_mbs=0,
+                               **{**kw, "num_stages": num_stages}).total
+        prof = SlotProfile(tprefix, lc.emb_fwd + lc.emb_bwd, lc.head_fwd + lc.head_bwd, fixed0 + recompute_peak,
+                           np.concatenate([[0.0], np.cumsum(p_inc)]), np.concatenate([[0.0], np.cumsum(a_inc)]),
+                           f0 - fixed0, f1 - f0, last - fixed0, gpu.memory_bytes * self.memory_headroom)
+        self._profiles[key] = prof
+        return prof
+
+
+def split_layers(profiles: list[SlotProfile], L: int, m: int) -> tuple[list[tuple[int, int]], float] | None:
+    """Contiguous split minimising the slowest stage, each stage within its memory; None if none fits."""
+    S = len(profiles)
+    if S > L:
+        return None
+    inflight = [min(S - s, m) for s in range(S)]
+
+    def fill(T: float) -> list[tuple[int, int]] | None:
+        out, a = [], 0
+        for s, p in enumerate(profiles):
+            first, last = s == 0, s == S - 1
+            if last:
+                if p.time(a, L, first, last) > T or p.memory(a, L, first, last, inflight[s]) > p.capacity:
+                    return None
+                out.append((a, L))
+                return out
+            lo, hi = a + 1, L - (S - 1 - s)
+            if p.time(a, lo, first, False) > T or p.memory(a, lo, first, False, inflight[s]) > p.capacity:
+                return None
+            while lo < hi:  # largest z with time and memory within limits
+                mid = (lo + hi + 1) // 2
+                if p.time(a, mid, first, False) <= T and p.memory(a, mid, first, False, inflight[s]) <= p.capacity:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out.append((a, lo))
+            a = lo
+        return out
+
+    hi_t = max(p.time(0, L, True, True) for p in profiles)
+    if fill(hi_t) is None:
+        return None
+    lo_t = 0.0
+    best = fill(hi_t)
+    for _ in range(40):
+        mid = (lo_t + hi_t) / 2
+        r = fill(mid)
+        if r is None:
+            lo_t = mid
+        else:
+            hi_t, best = mid, r
+        if hi_t - lo_t <= 1e-4 * hi_t:
+            break
+    return best, hi_t
+
+
+def share_micro_batches(periods: list[float], fills: list[float], total: int) -> list[int]:
+    """Micro-batches per pipeline minimising the slowest ``(m - 1) * period + fill``; 0 drops a pipeline."""
+    n = len(periods)
+    if n == 0:
+        return []
+
+    def counts(T: float) -> list[int]:
+        return [max(0, int((T - f) / p) + 1) if T >= f else 0 for p, f in zip(periods, fills)]
+
+    lo, hi = 0.0, max(f + (total - 1) * p for p, f in zip(periods, fills))
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(counts(mid)) >= total:
+            hi = mid
+        else:
+            lo = mid
+    c = counts(hi)
+    extra = sum(c) - total
+    while extra > 0:  # trim from the pipelines that finish last
+        i = max((i for i in range(n) if c[i] > 0), key=lambda i: (c[i] - 1) * periods[i] + fills[i])
+        c[i] -= 1
+        extra -= 1
+    return c
+
+
+def place(template: Template, ctx: PlanningContext) -> list[list[list[tuple[str, ...]]]] | None:
+    """Devices for every (group, replica, slot): TP groups inside a node, replicas packed in order."""
+    free: dict[int, list[list[str]]] = {}
+    for c in ctx.classes:
+        free[c.index] = [[f"{n}:{i}" for i in range(c.node_size)] for n in c.nodes]
+    cursor = {c.index: 0 for c in ctx.classes}
+    out = []
+    for g in template.groups:
+        reps = []
+        for _ in range(g.replicas):
+            stages = []
+            for slot in g.slots:
+                c = ctx.classes[slot.cls]
+                need = slot.gpus
+                nodes = free[slot.cls]
+                i = cursor[slot.cls]
+                if need >= c.node_size:
+                    k = need // c.node_size
+                    while i < len(nodes) and len(nodes[i]) != c.node_size:
+                        i += 1
+                    j = i
+                    while j < len(nodes) and j - i < k and len(nodes[j]) == c.node_size:
+                        j += 1
+                    if j - i < k:
+                        return None
+                    devs = [d for n in nodes[i:j] for d in n]
+                    for n in nodes[i:j]:
+                        n.clear()
+                    cursor[slot.cls] = j
+                else:
+                    while i < len(nodes) and len(nodes[i]) < need:
+                        i += 1
+                    if i >= len(nodes):
+                        return None
+                    devs = nodes[i][:need]
+                    del nodes[i][:need]
+                    cursor[slot.cls] = i
+                stages.append(tuple(devs))
+            reps.append(stages)
+        out.append(reps)
+    return out
+
+
+def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool = False,
+             placement=None) -> Plan | None:
+    """The template as a full plan at micro-batch size ``mbs`` (None if it cannot be completed)."""
+    job, L = ctx.job, ctx.model.num_layers
+    gbs = job.global_batch_size
+    if gbs % mbs:
+        return None
+    M = gbs // mbs
+    if any(mbs % s.dp for g in template.groups for s in g.slots):
+        return None
+    placement = placement or place(template, ctx)
+    if placement is None:
+        return None
+    n_pipes = sum(g.replicas for g in template.groups)
+    if n_pipes > M:
+        return None
+    splits, periods, fills = [], [], []
+    for g in template.groups:
+        S = g.num_stages
+        m_est = max(1, M // n_pipes)
+        zero = max(1, n_pipes)
+        profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
+        r = split_layers(profs, L, m_est)
+        if r is None:
+            return None
+        split, _ = r
+        times = [p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profs, split))]
+        splits.append(split)
+        periods.extend([max(times)] * g.replicas)
+        fills.extend([sum(times)] * g.replicas)
+    counts = share_micro_batches(periods, fills, M)
+    pipelines = []
+    k = 0
+    for gi, g in enumerate(template.groups):
+        for r in range(g.replicas):
+            m = counts[k]
+            k += 1
+            if m <= 0:
+                continue
+            stages = tuple(Stage(layers=ab, devices=devs, tp=s.tp, dp=s.dp if s.dp > 1 else None, ep=s.ep,
+                                 recompute=recompute)
+                           for ab, devs, s in zip(splits[gi], placement[gi][r], g.slots))
+            pipelines.append(Pipeline(micro_batches=m, stages=stages))
+    if not pipelines:
+        return None
+    replicated = len(pipelines) > 1 or any(s.dp > 1 for g in template.groups for s in g.slots)
+    return Plan(model=model_ref(ctx.model), global_batch_size=gbs, sequence_length=job.sequence_length,
+                micro_batch_size=mbs, precision=job.precision, zero_stage=1 if replicated else 0,
+                optimizer=job.optimizer, pipelines=tuple(pipelines))
+
+
+def mbs_candidates(template: Template, job: Job) -> list[int]:
+    n_pipes = sum(g.replicas for g in template.groups)
+    dps = {s.dp for g in template.groups for s in g.slots}
+    out = [b for b in MBS_CHOICES if job.global_batch_size % b == 0 and all(b % d == 0 for d in dps)
+           and job.global_batch_size // b >= n_pipes]
+    return out
+
+
+def price_template(template: Template, ctx: PlanningContext,
+                   mbs_options: list[int] | None = None) -> tuple[Plan, Estimate] | None:
+    """Complete and price the template's candidates; the fastest plan that fits, or None."""
+    placement = place(template, ctx)
+    if placement is None:
+        return None
+    best: tuple[Plan, Estimate] | None = None
+    for mbs in mbs_options or mbs_candidates(template, ctx.job):
+        for recompute in (False, True):
+            plan = complete(template, ctx, mbs, recompute, placement)
+            if plan is None:
+                continue
+            est = ctx.cost_model.estimate(plan, validate=False)
+            if est.fits:
+                if best is None or est.iteration_time_s < best[1].iteration_time_s:
+                    best = (plan, est)
+                break  # recomputation only when memory demands it
+    return best
