@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "arachne.cli.catalog_cmds",
     "arachne.cli.estimate_cmds",
     "arachne.cli.plan_cmds",
+    "arachne.cli.policy_cmds",
+    "arachne.cli.runtime_cmds",
 ]
 
 

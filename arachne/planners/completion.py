@@ -10,7 +10,7 @@ memory demands it, ZeRO-1 when layers are replicated) with ``CostModel.estimate`
 
 from __future__ import annotations
 
-import bisect
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -314,4 +314,51 @@ def price_template(template: Template, ctx: PlanningContext,
                 if best is None or est.iteration_time_s < best[1].iteration_time_s:
                     best = (plan, est)
                 break  # recomputation only when memory demands it
+    return best
+
+
+def split_neighbours(plan: Plan, radius: int, limit: int) -> list[Plan]:
+    """Plans whose stage boundaries move by up to ``radius`` layers (same for every replica)."""
+    out = []
+    shapes: dict[tuple, list[int]] = {}
+    for i, p in enumerate(plan.pipelines):
+        key = tuple((s.devices[0].split(":")[0], s.tp, s.dp_size) for s in p.stages)
+        shapes.setdefault((len(p.stages), key), []).append(i)
+    for (_, _), idxs in shapes.items():
+        base = plan.pipelines[idxs[0]]
+        bounds = [s.layers[0] for s in base.stages[1:]]
+        L = base.stages[-1].layers[1]
+        for delta in itertools.product(range(-radius, radius + 1), repeat=len(bounds)):
+            if not any(delta):
+                continue
+            nb = [b + d for b, d in zip(bounds, delta)]
+            edges = [0, *nb, L]
+            if any(b >= c for b, c in zip(edges, edges[1:])):
+                continue
+            pipes = list(plan.pipelines)
+            for i in idxs:
+                p = plan.pipelines[i]
+                pipes[i] = Pipeline(micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
+                                    stages=tuple(s.model_copy(update={"layers": (a, b)})
+                                                 for s, a, b in zip(p.stages, edges, edges[1:])))
+            out.append(plan.model_copy(update={"pipelines": tuple(pipes)}))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def polish_splits(plan: Plan, est: Estimate, cost_model: CostModel, radius: int = 1, limit: int = 80,
+                  deadline=None) -> tuple[Plan, Estimate]:
+    """Greedy priced moves of stage boundaries (the rule split balances modelled stage time; the
+    full estimate also sees transfers and the schedule)."""
+    best = (plan, est)
+    improved = True
+    while improved:
+        improved = False
+        for cand in split_neighbours(best[0], radius, limit):
+            if deadline is not None and deadline.expired():
+                return best
+            e = cost_model.estimate(cand, validate=False)
+            if e.fits and e.iteration_time_s < best[1].iteration_time_s * (1 - 1e-6):
+                best, improved = (cand, e), True
     return best

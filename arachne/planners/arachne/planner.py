@@ -8,7 +8,7 @@ from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
 from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
-from arachne.planners.completion import PlanningContext
+from arachne.planners.completion import PlanningContext, polish_splits
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
@@ -63,11 +63,15 @@ class ArachnePlanner:
                 if start is not None:
                     sub = Deadline(min(self.refine_s, deadline.remaining))
                     refine(ctx, pricer, start, sub)
-        ranked = sorted(((t, r) for t, r in pricer.cache.items() if r is not None),
-                        key=lambda x: -x[1][1].tokens_per_s)[: max(1, budget.top_k)]
+        ranked = sorted((r for r in pricer.cache.values() if r is not None),
+                        key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
+        if ranked and mode != "random":
+            polished = polish_splits(*ranked[0], cost_model, deadline=Deadline(min(0.2, deadline.remaining)))
+            if polished[0] is not ranked[0][0]:
+                ranked.insert(0, polished)
         stats.candidates = len(pricer.cache)
         stats.timed_out = stats.timed_out or deadline.expired()
-        return PlannerResult([r[0] for _, r in ranked], [r[1].iteration_time_s for _, r in ranked], stats)
+        return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
 
 
 def random_states(ctx: PlanningContext, k: int, seed: int) -> list[State]:

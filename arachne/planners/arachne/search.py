@@ -138,7 +138,39 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     states = [State(0, tuple(best_own))]
     for ci in range(len(classes)):
         states.append(State(0, tuple(a if i == ci else Action("skip") for i, a in enumerate(best_own))))
+    states += mixed_floor_states(ctx)
+    for st in states:
+        if deadline is not None and deadline.expired():
+            break
+        pricer.price_state(st)
     return states
+
+
+def mixed_floor_states(ctx: PlanningContext) -> list[State]:
+    """Mixed pipelines by rule: ``R`` replicas, each class contributing stages in proportion to its GPUs."""
+    classes, model = ctx.classes, ctx.model
+    L = model.num_layers
+    out = []
+    for R in mix_replica_options(classes):
+        if R == 0:
+            continue
+        for tp in (1, 2, 4):
+            acts = []
+            for c in classes:
+                t = min(tp, c.node_size)
+                if model.num_attention_heads % t or c.node_size % t:
+                    t = 1
+                acts.append((t, c.count // (R * t)))
+            total = sum(k for _, k in acts)
+            if total == 0:
+                continue
+            scale = min(1.0, L / total)
+            seq = tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
+                        for t, k in acts)
+            st = State(R, seq)
+            if not st.is_empty():
+                out.append(st)
+    return out
 
 
 def _thin(acts: list[Action], n: int) -> list[Action]:

@@ -1,0 +1,94 @@
+"""`arachne train-policy` and `arachne policy-info`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from arachne.cli.common import console, err_console, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train-policy")
+    @handle_errors
+    def train_policy_cmd(
+        clusters: int = typer.Option(400, "--clusters", min=2, help="training problems (cluster + model + job)"),
+        val_clusters: int = typer.Option(40, "--val-clusters", min=1, help="validation problems"),
+        rounds: int = typer.Option(2, "--rounds", min=1, help="1 = teacher states only; more adds DAgger rounds"),
+        workers: int = typer.Option(1, "--workers", min=1, help="parallel teacher workers (Ray when > 1)"),
+        address: str | None = typer.Option(None, "--address", help="Ray cluster address (e.g. ray://head:10001)"),
+        seed: int = typer.Option(0, "--seed"),
+        epochs: int = typer.Option(40, "--epochs", min=1),
+        teacher_seconds: float = typer.Option(15.0, "--teacher-seconds", min=0.1, help="teacher budget per problem"),
+        teacher_beam: int = typer.Option(3, "--teacher-beam", min=1),
+        out: Path = typer.Option(Path("results/policy"), "-o", "--out", help="output directory"),
+        install: bool = typer.Option(False, "--install", help="also replace the shipped checkpoint"),
+    ) -> None:
+        """Train the template policy offline (teacher labels, imitation + reward ranking, DAgger)."""
+        import shutil
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from arachne.planners.arachne.policy import WEIGHTS_FILE
+        from arachne.planners.arachne.train.learn import TrainConfig
+        from arachne.planners.arachne.train.pipeline import PipelineConfig, run_pipeline
+
+        cfg = PipelineConfig(clusters=clusters, val_clusters=val_clusters, rounds=rounds, workers=workers,
+                             address=address, seed=seed, teacher_seconds=teacher_seconds, teacher_beam=teacher_beam,
+                             train=TrainConfig(epochs=epochs, seed=seed))
+        total = clusters + val_clusters + (rounds - 1) * max(1, clusters // 2)
+        with Progress(TextColumn("teacher labelling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console) as prog:
+            task = prog.add_task("label", total=total)
+            policy, info = run_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
+                                        log=lambda s: err_console.print(s))
+        last = info["rounds"][-1]["curve"][-1]
+        console.print(f"trained on {info['training_problems']} problems, {info['decisions']} decisions; "
+                      f"final validation top-1 {last.get('val_top1', float('nan')):.2f}; wrote {out}/policy.npz, "
+                      f"report.json, curve.png")
+        if install:
+            target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
+            shutil.copy(out / "policy.npz", target / WEIGHTS_FILE)
+            shutil.copy(out / "report.json", target / "report.json")
+            shutil.copy(out / "curve.png", target / "curve.png")
+            console.print(f"installed into {target}")
+
+    @app.command("policy-info")
+    @handle_errors
+    def policy_info(as_json: bool = typer.Option(False, "--json")) -> None:
+        """What the shipped policy checkpoint was trained on."""
+        from arachne.planners.arachne.policy import shipped_policy
+
+        pol = shipped_policy()
+        if pol is None:
+            err_console.print("no policy checkpoint is shipped; `arachne plan` uses the priced teacher search")
+            raise typer.Exit(1)
+        info = dict(pol.info)
+        if as_json:
+            print(json.dumps(info, indent=1))
+            return
+        cfg = info.get("config", {})
+        params = sum(w.size + b.size for w, b in pol.layers)
+        rows = [
+            ("trained", info.get("trained_at", "?")),
+            ("problems / decisions", f"{info.get('training_problems')} / {info.get('decisions')}"),
+            ("rounds", str(len(info.get("rounds", [])))),
+            ("seed", str(cfg.get("seed"))),
+            ("network", f"{len(pol.layers)} layers, {params:,} parameters, input {pol.mean.shape[0]} features"),
+            ("GPU types seen", ", ".join(info.get("gpu_types_seen", [])) + " + synthetic types"),
+            ("GPU types held out", ", ".join(cfg.get("problems", {}).get("exclude_gpus", []))),
+            ("node sizes seen", ", ".join(map(str, info.get("node_sizes_seen", [])))),
+            ("largest training cluster", f"{info.get('max_gpus_seen')} GPUs"),
+            ("final validation top-1", f"{info['rounds'][-1]['curve'][-1].get('val_top1', float('nan')):.3f}"),
+            ("training wall time", f"{info.get('wall_time_s', 0):.0f} s"),
+        ]
+        from rich.table import Table
+
+        t = Table(title="arachne policy checkpoint", show_header=False)
+        t.add_column("what")
+        t.add_column("value")
+        for k, v in rows:
+            t.add_row(k, v)
+        console.print(t)
