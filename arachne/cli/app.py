@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import typer
 
@@ -26,7 +27,8 @@ COMMAND_MODULES = [
 
 def _register() -> None:
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(app)
+        if importlib.util.find_spec(name) is not None:  # optional command groups may be absent
+            importlib.import_module(name).register(app)
 
 
 _register()
