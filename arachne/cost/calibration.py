@@ -36,19 +36,24 @@ class NetworkCalibration:
 class MemoryCalibration:
     """Bytes per parameter and fixed overheads."""
 
-    # fp32 Adam: weights 4 + grads 4 + m, v 8 + a flattened gradient buffer 4 used by the
-    # bucketed all-reduce (DeepSpeed/Megatron); Sailor measures 16 B/param for one layer
-    # without data parallelism (layer_peak_memory_varuna.json) and charges 24 for whole models.
+    # fp32 Adam as Megatron-DeepSpeed runs it (the only fp32 framework in the measured data): weights 4 +
+    # grads 4 + Adam m, v 8, plus a flattened gradient buffer 4 and DeepSpeed's extra fp32 copy 4 -- the
+    # 24 B/param Sailor's simulator charges and validates on GH200 (shared data/sailor/COST_MODEL.md).
+    # A single layer without data parallelism measures 16.3 B/param (layer_peak_memory_varuna.json).
     fp32_weight: float = 4.0
     fp32_grad: float = 4.0
     fp32_optimizer: float = 8.0
-    fp32_grad_buffer: float = 4.0
+    fp32_grad_buffer: float = 8.0
     # mixed precision (ZeRO paper accounting): 16-bit weights 2 and grads 2, fp32 master + m + v 12.
     mixed_weight: float = 2.0
     mixed_grad: float = 2.0
     mixed_optimizer: float = 12.0
-    cuda_context_bytes: float = 0.9e9     # CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers
-    allocator_reserve: float = 0.05       # caching-allocator fragmentation, fraction of dynamic memory
+    # fixed per-GPU memory outside the allocator's tensors: CUDA context, cuBLAS/cuDNN workspaces, NCCL
+    # buffers, loaded kernels. fp32: Sailor's measured 5.06 GB on GH200 (4.76 GB kernel loading + 0.3 GB);
+    # mixed precision (Megatron-core): 1.5 GB.
+    fp32_overhead_bytes: float = 5.06e9
+    mixed_overhead_bytes: float = 1.5e9
+    allocator_reserve: float = 0.03       # caching-allocator fragmentation, fraction of dynamic memory
     # activations kept per block per sequence, in elements x (s*h): 3 replicated + parallel part
     act_replicated_sh: float = 3.0
     # backward workspace of one block without flash attention: score-sized buffers

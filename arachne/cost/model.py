@@ -206,7 +206,7 @@ class CostModel:
         a, z = layers
         params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep)
         w, g, o = state_bytes_per_param(precision, cal)
-        if precision == "fp32" and replicated:
+        if precision == "fp32":
             g += cal.fp32_grad_buffer
         opt = o / max(1, zero_shards)
         ab = act_bytes(precision)
@@ -224,7 +224,8 @@ class CostModel:
         if last:
             transient += head_transient_bytes(model, seq, b, tp, cal)
         dynamic = acts + transient
-        overhead = cal.cuda_context_bytes + cal.allocator_reserve * dynamic
+        fixed = cal.fp32_overhead_bytes if precision == "fp32" else cal.mixed_overhead_bytes
+        overhead = fixed + cal.allocator_reserve * dynamic
         return MemoryBreakdown(params * w, params * g, params * opt, acts, transient, overhead)
 
     def _memory(self, model: ModelSpec, plan: Plan, st: Stage, s: int, S: int, m: int, mbs: int,
