@@ -1,0 +1,232 @@
+"""Benchmarks of the arachne planner: optimality, learning ablation, generalisation, latency.
+
+Usage:
+  python benchmarks/arachne_eval.py optimality  [--out DIR]   # arachne / exhaustive oracle, small clusters
+  python benchmarks/arachne_eval.py ablation    [--k 24]      # policy top-K vs K random vs rule floor
+  python benchmarks/arachne_eval.py generalise                # held-out GPU types, node sizes, sizes
+  python benchmarks/arachne_eval.py latency [--baselines a,b] # planning time vs cluster size
+Each prints a table and writes CSV/JSON under --out (default results/arachne_eval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from arachne.cost import CostModel
+from arachne.errors import NoFeasiblePlanError
+from arachne.planners.base import SearchBudget, run_planner
+from arachne.spec.cluster import cluster_from_dict
+from arachne.spec.gpus import gpu_catalog
+from arachne.spec.job import Job
+from arachne.spec.model import model_catalog
+
+console = Console(width=160)
+
+
+def cluster(spec: list[tuple[str, int, int]], name: str = "bench", gpu_types: list[dict] | None = None,
+            inter: float | None = None) -> Any:
+    """Cluster from (gpu, nodes, gpus_per_node) triples."""
+    nodes = []
+    for i, (gpu, n, size) in enumerate(spec):
+        e: dict[str, Any] = {"name": f"g{i}-{{i}}", "count": n, "gpu": gpu, "gpus_per_node": size}
+        if inter:
+            e["inter_node_gbps"] = inter
+        nodes.append(e)
+    return cluster_from_dict({"name": name, "nodes": nodes, **({"gpu_types": gpu_types} if gpu_types else {})})
+
+
+def run(name: str, cl, model: str, job: Job, budget_s: float, **kw) -> dict[str, Any]:
+    cm = CostModel(cl)
+    t0 = time.perf_counter()
+    try:
+        plan, est, res = run_planner(name, cl, model_catalog().get(model), job, cm,
+                                     SearchBudget(time_budget_s=budget_s), **kw)
+        return {"tokens_per_s": est.tokens_per_s, "time_s": time.perf_counter() - t0,
+                "priced": res.stats.plans_priced, "timed_out": res.stats.timed_out}
+    except NoFeasiblePlanError:
+        return {"tokens_per_s": 0.0, "time_s": time.perf_counter() - t0, "priced": 0, "timed_out": False}
+
+
+def write(out: Path, name: str, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{name}.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+
+
+def table(title: str, rows: list[dict]) -> None:
+    t = Table(title=title)
+    for k in rows[0]:
+        t.add_column(k, justify="left" if isinstance(rows[0][k], str) else "right")
+    for r in rows:
+        t.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in r.values()])
+    console.print(t)
+
+
+def gmean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+SMALL = [
+    ("A100-40 4 + V100-16 4", [("A100-40", 1, 4), ("V100-16", 1, 4)]),
+    ("H100 2x2 + L4 4x1", [("H100", 2, 2), ("L4", 4, 1)]),
+    ("A10G 4 + T4 4", [("A10G", 1, 4), ("T4", 1, 4)]),
+    ("A100-80 2 + RTX-3090 4", [("A100-80", 1, 2), ("RTX-3090", 1, 4)]),
+    ("V100-16 2x2 + T4 2x2", [("V100-16", 2, 2), ("T4", 2, 2)]),
+    ("H100 4 + A100-40 2 + L4 2", [("H100", 1, 4), ("A100-40", 1, 2), ("L4", 2, 1)]),
+]
+SMALL_JOBS = [("OPT-350M", 64, 2048), ("GPT-3-1.3B", 64, 2048), ("LLaMA-2-7B", 32, 2048),
+              ("Qwen1.5-MoE-A2.7B", 32, 2048)]
+
+
+def optimality(args) -> None:
+    rows = []
+    for cname, spec in SMALL:
+        cl = cluster(spec, cname)
+        for model, gbs, seq in SMALL_JOBS:
+            job = Job(global_batch_size=gbs, sequence_length=seq)
+            a = run("arachne", cl, model, job, args.budget)
+            o = run("exhaustive", cl, model, job, args.oracle_budget)
+            if o["tokens_per_s"] <= 0:
+                continue
+            rows.append({"cluster": cname, "model": model, "arachne_tok_s": a["tokens_per_s"],
+                         "oracle_tok_s": o["tokens_per_s"], "ratio": a["tokens_per_s"] / o["tokens_per_s"],
+                         "arachne_s": a["time_s"], "oracle_s": o["time_s"], "oracle_timed_out": str(o["timed_out"])})
+    table("arachne vs exhaustive oracle (same template space, common cost model)", rows)
+    ratios = [r["ratio"] for r in rows]
+    console.print(f"arachne / oracle: geomean {gmean(ratios):.4f}, min {min(ratios):.4f}, "
+                  f"cases within 2%: {sum(r >= 0.98 for r in ratios)}/{len(ratios)}")
+    write(args.out, "optimality", rows)
+
+
+MID = [
+    ("A100-40 16 + V100-16 16", [("A100-40", 2, 8), ("V100-16", 4, 4)]),
+    ("H100 16 + A100-80 16 + L4 8", [("H100", 2, 8), ("A100-80", 2, 8), ("L4", 8, 1)]),
+    ("A10G 32 + T4 16", [("A10G", 4, 8), ("T4", 4, 4)]),
+    ("H200 8 + H100 16 + A100-40 24 + V100-16 16", [("H200", 1, 8), ("H100", 2, 8), ("A100-40", 3, 8), ("V100-16", 4, 4)]),
+    ("RTX-3090 16 + A100-80 8", [("RTX-3090", 4, 4), ("A100-80", 1, 8)]),
+    ("L4 24 + A10G 8 + T4 8", [("L4", 24, 1), ("A10G", 1, 8), ("T4", 2, 4)]),
+]
+MID_JOBS = [("GPT-3-1.3B", 256, 2048), ("LLaMA-2-7B", 256, 4096), ("LLaMA-2-13B", 256, 2048),
+            ("Mixtral-8x7B", 256, 2048), ("DeepSeek-MoE-16B", 256, 2048)]
+
+
+def ablation(args) -> None:
+    rows = []
+    for cname, spec in MID:
+        cl = cluster(spec, cname)
+        for model, gbs, seq in MID_JOBS:
+            job = Job(global_batch_size=gbs, sequence_length=seq)
+            r = {"cluster": cname, "model": model}
+            for mode in ("policy", "random", "floor"):
+                res = run("arachne", cl, model, job, 60, mode=mode, k=args.k, use_refine=False)
+                r[mode] = res["tokens_per_s"]
+            best = max(r["policy"], r["random"], r["floor"])
+            if best <= 0:
+                continue
+            for mode in ("policy", "random", "floor"):
+                r[f"{mode}_rel"] = r[mode] / best
+            rows.append(r)
+    table(f"learning ablation: top-{args.k} policy templates vs {args.k} random templates vs rule floor "
+          "(same completion and pricing, no refinement)", rows)
+    for mode in ("policy", "random", "floor"):
+        console.print(f"{mode:7s}: geomean relative to best of three {gmean([r[f'{mode}_rel'] for r in rows]):.3f}")
+    write(args.out, "ablation", rows)
+
+
+def generalise(args) -> None:
+    """Clusters outside training: held-out GPU types given only by features, node size 16, 512-1024 GPUs."""
+    holdout = []
+    for name in ("H200-SXM-141GB", "L40S", "MI300X", "A10"):
+        g = gpu_catalog().get(name)
+        holdout.append({"name": f"Unknown-{name}", "memory_gb": g.memory_gb, "peak_tflops": g.peak_tflops,
+                        "memory_bandwidth_gbps": g.memory_bandwidth_gbps, "intra_node_gbps": g.intra_node_gbps,
+                        "inter_node_gbps": g.inter_node_gbps, "gpus_per_node": g.gpus_per_node})
+    cases = [
+        ("held-out H200 + L40S (features only)", [("Unknown-H200-SXM-141GB", 2, 8), ("Unknown-L40S", 4, 8)]),
+        ("held-out MI300X + A100-80", [("Unknown-MI300X", 2, 8), ("A100-80", 2, 8)]),
+        ("held-out A10 x1 nodes + V100-32", [("Unknown-A10", 16, 1), ("V100-32", 2, 8)]),
+        ("node size 16: H100 + A100-40", [("H100", 2, 16), ("A100-40", 2, 16)]),
+        ("512 GPUs: H100 + A100-80 + V100-16", [("H100", 24, 8), ("A100-80", 24, 8), ("V100-16", 32, 4)]),
+        ("1024 GPUs, 5 types", [("H100", 32, 8), ("A100-80", 32, 8), ("A100-40", 16, 8), ("V100-16", 32, 4),
+                                ("T4", 32, 4)]),
+    ]
+    rows = []
+    for cname, spec in cases:
+        cl = cluster(spec, cname, holdout)
+        for model, gbs, seq in [("LLaMA-2-7B", 512, 4096), ("LLaMA-2-70B", 1024, 4096), ("Mixtral-8x7B", 512, 4096)]:
+            job = Job(global_batch_size=gbs, sequence_length=seq)
+            p = run("arachne", cl, model, job, 60)
+            t = run("arachne", cl, model, job, args.teacher_budget, mode="teacher", teacher_beam=3)
+            if t["tokens_per_s"] <= 0 and p["tokens_per_s"] <= 0:
+                continue
+            rows.append({"cluster": cname, "model": model, "policy_tok_s": p["tokens_per_s"],
+                         "teacher_tok_s": t["tokens_per_s"],
+                         "policy/teacher": p["tokens_per_s"] / max(t["tokens_per_s"], 1e-9),
+                         "policy_s": p["time_s"], "teacher_s": t["time_s"]})
+    table("generalisation: the shipped policy vs the priced teacher search on unseen clusters", rows)
+    console.print(f"policy / teacher geomean {gmean([r['policy/teacher'] for r in rows]):.3f}")
+    write(args.out, "generalise", rows)
+
+
+def latency(args) -> None:
+    rng = random.Random(0)
+    types = ["H100", "A100-80", "A100-40", "V100-16", "L4", "T4", "A10G", "H200"]
+    rows = []
+    planners = ["arachne"] + [p for p in (args.baselines or "").split(",") if p]
+    for n_gpus in (8, 32, 64, 128, 256, 512, 1024):
+        for n_types in (2, 4, 6):
+            if n_types * 4 > n_gpus:
+                continue
+            chosen = rng.sample(types, n_types)
+            per = n_gpus // n_types
+            spec = []
+            for g in chosen:
+                size = 8 if per >= 8 else 4
+                spec.append((g, max(1, per // size), size))
+            cl = cluster(spec, f"{n_gpus}x{n_types}")
+            job = Job(global_batch_size=max(64, n_gpus), sequence_length=2048)
+            r: dict[str, Any] = {"gpus": cl.num_gpus, "types": n_types}
+            for p in planners:
+                res = run(p, cl, "LLaMA-2-13B", job, args.budget)
+                r[f"{p}_s"] = res["time_s"]
+                r[f"{p}_tok_s"] = res["tokens_per_s"]
+            rows.append(r)
+    table("planning time vs cluster size (LLaMA-2-13B, one core)", rows)
+    by = {}
+    for r in rows:
+        by.setdefault(r["gpus"], []).append(r["arachne_s"])
+    console.print("arachne median planning time by size: " +
+                  ", ".join(f"{k}: {statistics.median(v):.2f}s" for k, v in sorted(by.items())))
+    write(args.out, "latency", rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("which", choices=["optimality", "ablation", "generalise", "latency"])
+    ap.add_argument("--out", type=Path, default=Path("results/arachne_eval"))
+    ap.add_argument("--k", type=int, default=24)
+    ap.add_argument("--budget", type=float, default=60.0)
+    ap.add_argument("--oracle-budget", type=float, default=300.0)
+    ap.add_argument("--teacher-budget", type=float, default=60.0)
+    ap.add_argument("--baselines", default="")
+    args = ap.parse_args()
+    {"optimality": optimality, "ablation": ablation, "generalise": generalise, "latency": latency}[args.which](args)
+
+
+if __name__ == "__main__":
+    main()
