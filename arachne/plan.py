@@ -19,7 +19,7 @@ PLAN_FORMAT = "arachne-plan/1"
 class Stage(BaseModel):
     """Blocks ``[start, end)`` on ``dp`` groups of ``tp`` devices."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
     layers: tuple[int, int]
     devices: tuple[str, ...] = Field(min_length=1)
@@ -51,9 +51,7 @@ class Stage(BaseModel):
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"layers": list(self.layers), "devices": list(self.devices), "tp": self.tp}
-        if self.dp is not None and self.dp != len(self.devices) // self.tp:
-            doc["dp"] = self.dp
-        elif self.dp is not None and self.dp > 1:
+        if self.dp is not None:
             doc["dp"] = self.dp
         if self.ep != 1:
             doc["ep"] = self.ep
@@ -67,7 +65,7 @@ class Stage(BaseModel):
 class Pipeline(BaseModel):
     """One data-parallel replica: a chain of stages and its share of the global batch."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
     micro_batches: int = Field(ge=1)
     stages: tuple[Stage, ...] = Field(min_length=1)
@@ -83,7 +81,7 @@ class Pipeline(BaseModel):
 class Plan(BaseModel):
     """A complete parallelism plan. Every planner returns this; the cost model prices it."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
     format: str = PLAN_FORMAT
     model: str | dict[str, Any]

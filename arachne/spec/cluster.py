@@ -17,12 +17,12 @@ from arachne.spec.gpus import GB, CustomGPUType, GPUCatalog, GPUType, gpu_catalo
 class NodeGroupSpec(BaseModel):
     """One entry of ``nodes`` in a cluster document."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, strict=True)
     gpu: str = Field(min_length=1)
-    gpus_per_node: int | None = Field(default=None, ge=1)
+    gpus_per_node: int | None = Field(default=None, ge=1, strict=True)
     inter_node_gbps: float | None = Field(default=None, gt=0)
     intra_node_gbps: float | None = Field(default=None, gt=0)
     zone: str | None = None
@@ -31,7 +31,7 @@ class NodeGroupSpec(BaseModel):
 class ClusterSpec(BaseModel):
     """A cluster document (formats v1 section 1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = "cluster"
     nodes: list[NodeGroupSpec] = Field(min_length=1)
@@ -50,6 +50,7 @@ class Node:
     intra_node_bw: float
     nics: int
     zone: str | None = None
+    intra_node_gbps: float | None = None  # the document's override, kept for round trips
 
     @property
     def per_flow_bw(self) -> float:
@@ -112,8 +113,8 @@ class Cluster:
     def subset(self, node_names: list[str] | set[str], name: str | None = None) -> "Cluster":
         """The cluster restricted to some nodes (re-indexed)."""
         keep = [n for n in self.nodes if n.name in node_names]
-        nodes = tuple(Node(n.name, i, n.gpu, n.num_gpus, n.inter_node_bw, n.intra_node_bw, n.nics, n.zone)
-                      for i, n in enumerate(keep))
+        nodes = tuple(Node(n.name, i, n.gpu, n.num_gpus, n.inter_node_bw, n.intra_node_bw, n.nics, n.zone,
+                           n.intra_node_gbps) for i, n in enumerate(keep))
         return Cluster(name or self.name, nodes, self.catalog)
 
     def to_spec(self) -> dict[str, Any]:
@@ -124,6 +125,8 @@ class Cluster:
                                      "inter_node_gbps": n.inter_node_bw / GB}
             if n.zone:
                 entry["zone"] = n.zone
+            if n.intra_node_gbps is not None:
+                entry["intra_node_gbps"] = n.intra_node_gbps
             nodes.append(entry)
         custom = [g for g in self.gpu_types.values() if gpu_catalog().get(g.name) != g]
         doc: dict[str, Any] = {"name": self.name, "nodes": nodes}
@@ -157,7 +160,7 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
             if name in seen:
                 raise InputError(source, f"nodes[{gi}].name", f"duplicate node name {name!r}")
             seen.add(name)
-            nodes.append(Node(name, len(nodes), gpu, per_node, inter, intra, nics, group.zone))
+            nodes.append(Node(name, len(nodes), gpu, per_node, inter, intra, nics, group.zone, group.intra_node_gbps))
     return Cluster(spec.name, tuple(nodes), catalog)
 
 
@@ -166,6 +169,8 @@ def cluster_from_dict(data: dict[str, Any], source: str = "") -> Cluster:
         spec = ClusterSpec(**data)
     except ValidationError as err:
         raise from_validation_error(source, err) from None
+    except TypeError as err:  # e.g. a non-string key at the top level
+        raise InputError(source, "", f"malformed cluster document ({err})") from None
     return build_cluster(spec, source)
 
 

@@ -22,7 +22,7 @@ def normalize_name(name: str) -> str:
 class GPUType(BaseModel):
     """One GPU type. Figures in the units of the catalog (GB, GB/s, TFLOPS); use the properties for SI."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
@@ -87,7 +87,7 @@ class GPUType(BaseModel):
 class CustomGPUType(BaseModel):
     """A GPU type declared in a cluster's ``gpu_types`` (formats v1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     memory_gb: float = Field(gt=0)

@@ -12,7 +12,7 @@ Precision = Literal["bf16", "fp16", "fp32"]
 class Job(BaseModel):
     """What is trained per iteration (formats v1 section 3)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     global_batch_size: int = Field(ge=1)
     sequence_length: int = Field(ge=1)

@@ -17,7 +17,7 @@ from arachne.spec.gpus import normalize_name
 class ModelSpec(BaseModel):
     """A transformer as in formats v1 section 2, plus optional shape details arachne uses."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     num_layers: int = Field(ge=1)
