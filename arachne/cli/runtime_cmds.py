@@ -1,0 +1,232 @@
+"""`arachne run`, `arachne profile` and `arachne export`: execute, measure and hand off plans.
+
+torch is imported only inside `run` and `profile`, so `arachne --help` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from arachne.cli.common import console, err_console, fail, handle_errors
+from arachne.errors import InputError
+
+
+def _profile_db(profiles: Path | None) -> Any:
+    """The shipped profiles plus those of ``profiles`` (later files override)."""
+    from arachne.profiles.format import ProfileDB, default_profile_db
+
+    db = ProfileDB()
+    for s in default_profile_db().sets.values():
+        db.add(s.doc)
+    if profiles is not None:
+        for s in ProfileDB().load_dir(profiles).sets.values():
+            db.add(s.doc)
+    return db
+
+
+def _need_torch(command: str) -> None:
+    """Fail with one line when torch (the ``runtime`` extra) is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail(f"`arachne {command}` needs PyTorch: pip install 'arachne[runtime]'", 2)
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError("", flag, f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise InputError("", flag, f"expected positive integers, got {text!r}")
+    return vals
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    @handle_errors
+    def run(
+        cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
+        plan: Path = typer.Option(..., "--plan", "-p", help="plan JSON (formats v1)"),
+        steps: int = typer.Option(3, "--steps", min=1, help="iterations to run"),
+        as_json: bool = typer.Option(False, "--json", help="one JSON object per step on stdout"),
+        seed: int = typer.Option(0, "--seed", help="seed of the initial weights and the synthetic data"),
+        simulate_devices: bool = typer.Option(False, "--simulate-devices",
+                                              help="one CPU process (gloo) per plan device"),
+        checkpoint_dir: Path | None = typer.Option(None, "--checkpoint-dir",
+                                                   help="save state every step; resume from it if present"),
+        measure: bool = typer.Option(False, "--measure", help="report measured vs estimated iteration time"),
+        profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory for --measure"),
+        lr: float = typer.Option(1e-3, "--lr", help="learning rate"),
+        timeout: float = typer.Option(300.0, "--timeout", help="seconds a collective may wait before failing"),
+    ) -> None:
+        """Train a plan for real: one process per plan device, synthetic data, PyTorch distributed."""
+        from arachne.plan import load_plan, validate_plan
+        from arachne.spec.cluster import load_cluster
+
+        cl = load_cluster(cluster)
+        pl = load_plan(plan)
+        model = validate_plan(pl, cl, source=str(plan))
+        db = _profile_db(profiles) if measure else None
+        _need_torch("run")
+
+        from arachne.runtime.launch import JobError, RunConfig, StepRecord, run_plan
+
+        def show(rec: StepRecord) -> None:
+            if as_json:
+                print(json.dumps(rec.to_dict()), flush=True)
+            else:
+                console.print(f"step {rec.step:>4}  loss {rec.loss:.6f}  time {rec.time_s:.4f} s")
+
+        cfg = RunConfig(steps=steps, seed=seed, lr=lr, simulate_devices=simulate_devices,
+                        checkpoint_dir=checkpoint_dir, timeout_s=timeout)
+        try:
+            result = run_plan(pl, model, cfg, on_step=show)
+        except JobError as exc:
+            fail(str(exc), 1)
+            return
+        if result.resumed_from is not None:
+            err_console.print(f"resumed from {checkpoint_dir} at step {result.resumed_from}", markup=False,
+                              highlight=False)
+        if measure:
+            from arachne.runtime.measure import measure as do_measure
+
+            m = do_measure(pl, cl, [r.time_s for r in result.records], db)
+            if as_json:
+                print(json.dumps(m.to_dict()), flush=True)
+            else:
+                console.print(m.line(), markup=False, highlight=False)
+
+    @app.command("profile")
+    @handle_errors
+    def profile(
+        model: str = typer.Option(..., "--model", "-m", help="catalog name or model YAML/JSON"),
+        out: Path = typer.Option(..., "-o", "--out", help="output directory"),
+        micro_batch_sizes: str = typer.Option("1,2,4", "--micro-batch-sizes", help="comma-separated"),
+        tp: str = typer.Option("1", "--tp", help="comma-separated TP degrees (tp > 1 runs tp processes)"),
+        sequence_length: int | None = typer.Option(None, "--sequence-length", min=1,
+                                                   help="default: min(2048, max_sequence_length)"),
+        precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16"),
+        gpu: str | None = typer.Option(None, "--gpu", help="GPU type name to file the profile under"),
+        blocks: int = typer.Option(2, "--blocks", min=1, help="blocks of each kind to measure (rest copied)"),
+        repeats: int = typer.Option(3, "--repeats", min=1, help="timed repetitions (median)"),
+        threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for compute"),
+        num_layers: int | None = typer.Option(None, "--num-layers", min=1, help="override (a quick profile)"),
+        hidden_size: int | None = typer.Option(None, "--hidden-size", min=1, help="override"),
+        ffn_hidden_size: int | None = typer.Option(None, "--ffn-hidden-size", min=1, help="override"),
+        num_attention_heads: int | None = typer.Option(None, "--num-attention-heads", min=1, help="override"),
+        vocab_size: int | None = typer.Option(None, "--vocab-size", min=1, help="override"),
+    ) -> None:
+        """Measure per-layer forward/backward time, optimizer step and activation memory on this machine.
+
+        Overriding shapes renames the model (e.g. ``OPT-350M[hidden_size=256]``) so that the profile
+        is never taken for the real model's.
+        """
+        from arachne.spec.model import load_model, model_from_dict
+
+        if precision not in ("fp32", "bf16", "fp16"):
+            raise InputError("", "--precision", f"expected fp32, bf16 or fp16, got {precision!r}")
+        spec = load_model(model, "", "--model")
+        over = {k: v for k, v in (("num_layers", num_layers), ("hidden_size", hidden_size),
+                                  ("ffn_hidden_size", ffn_hidden_size), ("num_attention_heads", num_attention_heads),
+                                  ("vocab_size", vocab_size)) if v is not None}
+        if over:
+            doc = spec.model_dump() | over
+            if "num_attention_heads" in over or "hidden_size" in over:
+                heads = doc["num_attention_heads"]
+                doc["num_kv_heads"] = None if spec.num_kv_heads is None else math.gcd(spec.kv_heads, heads)
+            doc["name"] = f"{spec.name}[{','.join(f'{k}={v}' for k, v in over.items())}]"
+            doc["aliases"] = ()
+            spec = model_from_dict(doc, "", "--model")
+        seq = sequence_length or min(2048, spec.max_sequence_length)
+        if seq > spec.max_sequence_length:
+            raise InputError("", "--sequence-length",
+                             f"{seq} exceeds the model's max_sequence_length {spec.max_sequence_length}")
+        tps = _int_list(tp, "--tp")
+        for t in tps:
+            if spec.num_attention_heads % t:
+                raise InputError("", "--tp", f"{t} does not divide num_attention_heads {spec.num_attention_heads}")
+
+        _need_torch("profile")
+        import torch
+
+        from arachne.profiles.format import profile_filename, write_profile
+        from arachne.runtime.profiler import ProfileSettings, profile_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        settings = ProfileSettings(micro_batch_sizes=_int_list(micro_batch_sizes, "--micro-batch-sizes"), tps=tps,
+                                   sequence_length=seq, precision=precision, blocks=blocks, repeats=repeats)
+        try:
+            doc = profile_model(spec, settings, gpu, log=lambda m: err_console.print(m, markup=False, highlight=False))
+        except RuntimeError as exc:
+            fail(str(exc), 1)
+            return
+        path = out / profile_filename(doc.model, doc.gpu, doc.precision)
+        write_profile(doc, path)
+        console.print(f"wrote {path} ({len(doc.entries)} entries, model {doc.model}, gpu {doc.gpu}, "
+                      f"device {doc.device})", markup=False, highlight=False)
+
+    @app.command("export")
+    @handle_errors
+    def export(
+        plan: Path = typer.Option(..., "--plan", "-p", help="plan JSON (formats v1)"),
+        cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
+        fmt: str = typer.Option(..., "--format", "-f", help="torchrun or megatron"),
+        out: Path | None = typer.Option(None, "-o", "--out", help="output directory (default: stdout)"),
+        port: int = typer.Option(29500, "--master-port", help="torchrun rendezvous port"),
+        steps: int = typer.Option(100, "--steps", min=1, help="iterations the torchrun workers run"),
+        as_json: bool = typer.Option(False, "--json", help="torchrun: print the rank map JSON (with commands)"),
+    ) -> None:
+        """Write torchrun launch commands and a rank map, or Megatron-LM arguments, for a plan."""
+        from arachne.plan import load_plan, validate_plan
+        from arachne.runtime.export import megatron_export, torchrun_export
+        from arachne.spec.cluster import load_cluster
+
+        if fmt not in ("torchrun", "megatron"):
+            raise InputError("", "--format", f"expected torchrun or megatron, got {fmt!r}")
+        cl = load_cluster(cluster)
+        pl = load_plan(plan)
+        model = validate_plan(pl, cl, source=str(plan))
+        if fmt == "megatron":
+            mx = megatron_export(pl, model)
+            if not mx.ok:
+                fail(f"{plan}: Megatron-LM cannot express this plan: {'; '.join(mx.reasons)}", 2)
+            if out is None:
+                print(shlex.join(mx.args))
+                for n in mx.notes:
+                    err_console.print(f"note: {n}", markup=False, highlight=False)
+                return
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "megatron_args.txt").write_text("\n".join(mx.args) + "\n")
+            (out / "megatron.json").write_text(json.dumps(mx.to_doc(), indent=1) + "\n")
+            console.print(f"wrote {out / 'megatron_args.txt'} and {out / 'megatron.json'}", markup=False,
+                          highlight=False)
+            return
+        doc = torchrun_export(pl, model, cl, str(plan), str(cluster), port, steps)
+        if out is None and as_json:
+            print(json.dumps(doc, indent=1))
+            return
+        if out is None:
+            for n in doc["nodes"]:
+                print(f"# node {n['node']} (ranks {n['first_rank']}..{n['first_rank'] + n['nproc_per_node'] - 1})")
+                print(n["command"])
+            for r in doc["ranks"]:
+                print(f"# rank {r['rank']}: {r['device']} pipeline {r['pipeline']} stage {r['stage']} "
+                      f"dp group {r['dp_group']} tp rank {r['tp_rank']} layers [{r['layers'][0]}, {r['layers'][1]})")
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "rank_map.json").write_text(json.dumps(doc, indent=1) + "\n")
+        for n in doc["nodes"]:
+            script = out / f"launch_{n['node']}.sh"
+            script.write_text(f"#!/bin/sh\n# node {n['node']}: global ranks {n['first_rank']}.."
+                              f"{n['first_rank'] + n['nproc_per_node'] - 1}\nexec {n['command']}\n")
+            script.chmod(0o755)
+        console.print(f"wrote {out / 'rank_map.json'} and {len(doc['nodes'])} launch script(s)", markup=False,
+                      highlight=False)
