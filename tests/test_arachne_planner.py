@@ -1,0 +1,168 @@
+"""The arachne planner: completion rules, search modes, the oracle bound, the policy file, training."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from arachne.cost import CostModel
+from arachne.plan import validate_plan
+from arachne.planners.arachne.actions import Action, State, class_actions
+from arachne.planners.arachne.features import FEATURE_DIM, FeatureBuilder
+from arachne.planners.arachne.policy import Policy
+from arachne.planners.arachne.template import Group, Slot, Template
+from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.completion import PlanningContext, place, share_micro_batches, split_layers
+from arachne.spec.cluster import cluster_from_dict
+from arachne.spec.job import Job
+from arachne.spec.model import model_catalog
+
+
+def small_cluster():
+    return cluster_from_dict({"name": "s", "nodes": [{"name": "a{i}", "count": 1, "gpu": "A100-40", "gpus_per_node": 4},
+                                                     {"name": "v{i}", "count": 1, "gpu": "V100-16", "gpus_per_node": 4}]})
+
+
+def ctx_for(model="GPT-3-1.3B", gbs=64, seq=2048, cluster=None):
+    cl = cluster or small_cluster()
+    return PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq), CostModel(cl))
+
+
+def test_device_classes_are_fastest_first():
+    ctx = ctx_for()
+    assert [c.gpu.name for c in ctx.classes] == ["A100-SXM4-40GB", "V100-SXM2-16GB"]
+
+
+def test_split_balances_to_stage_speed():
+    ctx = ctx_for()
+    fast = ctx.slot_profile(0, 1, 1, 1, 2, 2, 1, False)
+    slow = ctx.slot_profile(1, 1, 1, 1, 2, 2, 1, False)
+    (a, b), T = split_layers([fast, fast], 24, 8)
+    worst = max(fast.time(*a, True, False), fast.time(*b, False, True))
+    assert worst == pytest.approx(T, rel=1e-3)
+    for cut in (a[1] - 1, a[1] + 1):  # moving the boundary never lowers the slowest stage
+        assert max(fast.time(0, cut, True, False), fast.time(cut, 24, False, True)) >= worst * (1 - 1e-9)
+    (a, b), _ = split_layers([fast, slow], 24, 8)
+    assert a[1] - a[0] > b[1] - b[0]  # the A100 stage takes more blocks
+    assert a == (0, a[1]) and b == (a[1], 24)
+
+
+def test_split_respects_memory():
+    ctx = ctx_for("LLaMA-2-13B", gbs=32)
+    prof = ctx.slot_profile(1, 1, 1, 1, 1, 2, 1, False)  # V100-16: a 13B model cannot fit on 2 GPUs
+    assert split_layers([prof, prof], 40, 8) is None
+
+
+def test_micro_batches_follow_pipeline_speed():
+    counts = share_micro_batches([1.0, 2.0], [4.0, 8.0], 30)
+    assert sum(counts) == 30 and counts[0] > counts[1]
+    assert share_micro_batches([1.0], [3.0], 7) == [7]
+
+
+def test_placement_keeps_tp_groups_inside_nodes():
+    ctx = ctx_for()
+    tpl = Template((Group((Slot(0, 2, 1), Slot(1, 2, 1)), 2),))
+    placed = place(tpl, ctx)
+    for reps in placed:
+        for stages in reps:
+            for devs in stages:
+                assert len({d.split(":")[0] for d in devs}) == 1
+    assert place(Template((Group((Slot(0, 4, 1),), 2),)), ctx) is None  # only 4 A100s
+
+
+@pytest.mark.parametrize("mode", ["policy", "teacher", "floor", "random"])
+def test_every_mode_returns_valid_fitting_plans(mode):
+    cl = small_cluster()
+    model = model_catalog().get("GPT-3-1.3B")
+    plan, est, res = run_planner("arachne", cl, model, Job(global_batch_size=64, sequence_length=2048),
+                                 budget=SearchBudget(time_budget_s=30), mode=mode)
+    validate_plan(plan, cl, model)
+    assert est.fits and est.tokens_per_s > 0
+    assert plan.planner == "arachne" and plan.estimate["fits"]
+
+
+@pytest.mark.parametrize("model", ["OPT-350M", "GPT-3-1.3B"])
+def test_exhaustive_oracle_bounds_arachne_and_arachne_is_close(model):
+    cl = small_cluster()
+    spec = model_catalog().get(model)
+    job = Job(global_batch_size=64, sequence_length=2048)
+    _, ea, _ = run_planner("arachne", cl, spec, job, budget=SearchBudget(time_budget_s=30))
+    _, eo, _ = run_planner("exhaustive", cl, spec, job, budget=SearchBudget(time_budget_s=120))
+    assert eo.tokens_per_s >= ea.tokens_per_s * (1 - 1e-9) or ea.tokens_per_s / eo.tokens_per_s < 1.01
+    assert ea.tokens_per_s >= 0.95 * eo.tokens_per_s
+
+
+def test_moe_plans_use_expert_parallelism():
+    cl = cluster_from_dict({"nodes": [{"name": "h{i}", "count": 2, "gpu": "H100"}]})
+    model = model_catalog().get("Mixtral-8x7B")
+    plan, est, _ = run_planner("arachne", cl, model, Job(global_batch_size=64, sequence_length=2048),
+                               budget=SearchBudget(time_budget_s=30))
+    assert est.fits
+    assert any(s.ep > 1 for p in plan.pipelines for s in p.stages)
+
+
+def test_every_action_sequence_is_a_valid_template():
+    ctx = ctx_for()
+    rng = random.Random(0)
+    for _ in range(30):
+        st = State(rng.choice([0, 1, 2, 4]))
+        for c in ctx.classes:
+            st = st.push(rng.choice(class_actions(st, ctx.model, c)))
+        tpl = st.template()
+        if tpl.groups:
+            assert tpl.fits_counts(ctx.classes)
+
+
+def test_features_have_the_declared_width_and_no_names():
+    ctx = ctx_for()
+    fb = FeatureBuilder(ctx)
+    st = State(0)
+    x = fb.batch(st, class_actions(st, ctx.model, ctx.classes[0]))
+    assert x.shape[1] == FEATURE_DIM and np.isfinite(x).all()
+
+
+def test_policy_round_trips_through_npz(tmp_path):
+    rng = np.random.default_rng(0)
+    pol = Policy([(rng.normal(size=(FEATURE_DIM, 8)), rng.normal(size=8)), (rng.normal(size=(8, 1)), rng.normal(size=1))],
+                 np.zeros(FEATURE_DIM), np.ones(FEATURE_DIM), {"seed": 0})
+    pol.save(tmp_path / "p.npz")
+    back = Policy.load(tmp_path / "p.npz")
+    x = rng.normal(size=(5, FEATURE_DIM))
+    assert np.allclose(pol.logits(x), back.logits(x)) and back.info == {"seed": 0}
+
+
+def test_training_pipeline_runs_end_to_end(tmp_path):
+    pytest.importorskip("torch")
+    from arachne.planners.arachne.train.learn import TrainConfig
+    from arachne.planners.arachne.train.pipeline import PipelineConfig, run_pipeline
+    from arachne.planners.arachne.train.problems import ProblemConfig
+
+    cfg = PipelineConfig(clusters=3, val_clusters=1, rounds=2, teacher_seconds=2, seed=1,
+                         problems=ProblemConfig(max_gpus_per_type=8, max_total_gpus=16),
+                         train=TrainConfig(epochs=3, hidden=16))
+    policy, info = run_pipeline(cfg, tmp_path, log=lambda s: None)
+    assert (tmp_path / "policy.npz").exists() and (tmp_path / "curve.png").exists()
+    assert len(info["rounds"]) == 2 and info["decisions"] > 0
+    ctx = ctx_for()
+    from arachne.planners.arachne.search import policy_search
+
+    states = policy_search(ctx, Policy.load(tmp_path / "policy.npz"), k=4)
+    assert states and all(len(s.actions) == len(ctx.classes) for s in states)
+
+
+def test_training_labels_with_ray_when_installed(tmp_path):
+    pytest.importorskip("torch")
+    ray = pytest.importorskip("ray")
+    from arachne.planners.arachne.train.pipeline import PipelineConfig, label_all
+    from arachne.planners.arachne.train.problems import ProblemConfig, random_problem
+
+    rng = random.Random(3)
+    cfg = PipelineConfig(workers=2, teacher_seconds=1)
+    probs = [random_problem(rng, ProblemConfig(max_gpus_per_type=8, max_total_gpus=16)) for _ in range(2)]
+    try:
+        out = label_all(probs, cfg, None, lambda n: None)
+    finally:
+        ray.shutdown()
+    assert len(out) == 2 and all(lab.best_tokens_per_s > 0 for lab in out)
