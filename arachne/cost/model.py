@@ -119,6 +119,8 @@ class CostModel:
         self._model_cache: dict[str, ModelSpec] = {}
         self._stage_cache: dict[tuple, tuple] = {}
         self.estimates = 0  # plans priced so far (planners report it)
+        self._sig_cache: dict[tuple, tuple] = {}
+        self._mem_cache: dict[tuple, MemoryBreakdown] = {}
 
     # ---- helpers --------------------------------------------------------------------------------
     def resolve_model(self, plan: Plan) -> ModelSpec:
@@ -147,10 +149,27 @@ class CostModel:
         return 2 * (2 * (tp - 1) / tp * nbytes / bw + 2 * (tp - 1) * lat)
 
     # ---- per stage ------------------------------------------------------------------------------
+    def _layout_signature(self, st: Stage) -> tuple:
+        """What a stage's time depends on besides its shape: per group the GPU types and how its
+        devices spread over nodes (and those nodes' links) -- not the device names themselves."""
+        sig = self._sig_cache.get(st.devices)
+        if sig is None:
+            devs = self.cluster.devices
+            parts = []
+            for i in range(0, len(st.devices), st.tp):
+                g = st.devices[i:i + st.tp]
+                nodes = sorted({devs[d].node.name for d in g})
+                parts.append((tuple(sorted({devs[d].gpu.name for d in g})), len(nodes),
+                              tuple(sorted({(self.cluster.node_by_name[n].inter_node_bw,
+                                             self.cluster.node_by_name[n].intra_node_bw) for n in nodes}))))
+            ep_nodes = len({devs[d].node.name for d in st.devices})
+            sig = self._sig_cache[st.devices] = (tuple(parts), ep_nodes)
+        return sig
+
     def _stage(self, model: ModelSpec, st: Stage, first: bool, last: bool, mbs: int, plan: Plan) -> tuple:
         """(fwd, bwd, compute, tp_comm, ep_comm, gpu name, source) per micro-batch for a stage."""
-        key = (model.key, st.layers, st.devices, st.tp, st.dp_size, st.ep, st.recompute, first, last, mbs,
-               plan.precision, plan.sequence_length)
+        key = (model.key, st.layers, self._layout_signature(st), st.tp, st.dp_size, st.ep, st.recompute, first, last,
+               mbs, plan.precision, plan.sequence_length)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -202,6 +221,17 @@ class CostModel:
                      zero_shards: int = 1, replicated: bool = False, recompute: bool = False) -> MemoryBreakdown:
         """Bytes on one device of a stage holding ``layers`` with ``b`` sequences per micro-batch and
         ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``)."""
+        key = (model.key, layers, first, last, num_stages, tp, ep, b, in_flight_mbs, precision, seq, zero_shards,
+               replicated, recompute)
+        hit = self._mem_cache.get(key)
+        if hit is None:
+            hit = self._mem_cache[key] = self._stage_memory(model, layers, first, last, num_stages, tp, ep, b,
+                                                            in_flight_mbs, precision, seq, zero_shards, recompute)
+        return hit
+
+    def _stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
+                      tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int, zero_shards: int,
+                      recompute: bool) -> MemoryBreakdown:
         cal = self.cal.memory
         a, z = layers
         params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep)

@@ -83,7 +83,7 @@ class Planner(Protocol):
 _REGISTRY: dict[str, Callable[..., Planner]] = {}
 # modules that register planners when imported (kept lazy so `arachne --help` stays fast)
 PLANNER_MODULES = {
-    "arachne": "arachne.planners.arachne",
+    "arachne": "arachne.planners.arachne.planner",
     "megatron": "arachne.planners.megatron",
     "megatron-oblivious": "arachne.planners.megatron",
     "amp": "arachne.planners.amp",

@@ -1,5 +1,1 @@
-"""The arachne planner: templates, rule completion, priced candidates and a learned policy."""
-
-from arachne.planners.arachne.planner import ArachnePlanner
-
-__all__ = ["ArachnePlanner"]
+"""The arachne planner (``planner.py``): templates, rule completion, priced candidates and a learned policy."""

@@ -25,12 +25,14 @@ class ArachnePlanner:
 
     name = "arachne"
 
-    def __init__(self, k: int = 24, mode: str = "policy", refine_s: float = 0.4, floor_actions: int = 24,
-                 teacher_beam: int = 2, policy: Policy | None = None, use_refine: bool = True):
+    def __init__(self, k: int = 24, mode: str = "policy", refine_s: float = 0.4, floor_actions: int = 0,
+                 teacher_beam: int = 2, policy: Policy | None = None, use_refine: bool = True,
+                 polish_s: float = 0.25):
         self.k, self.mode, self.refine_s = k, mode, refine_s
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
         self.use_refine = use_refine
+        self.polish_s = polish_s
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -66,9 +68,12 @@ class ArachnePlanner:
         ranked = sorted((r for r in pricer.cache.values() if r is not None),
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
         if ranked and mode != "random":
-            polished = polish_splits(*ranked[0], cost_model, deadline=Deadline(min(0.2, deadline.remaining)))
-            if polished[0] is not ranked[0][0]:
-                ranked.insert(0, polished)
+            sub = Deadline(min(self.polish_s, deadline.remaining))
+            for plan, est in list(ranked[:3]):
+                polished = polish_splits(plan, est, cost_model, deadline=sub)
+                if polished[0] is not plan:
+                    ranked.append(polished)
+            ranked.sort(key=lambda r: -r[1].tokens_per_s)
         stats.candidates = len(pricer.cache)
         stats.timed_out = stats.timed_out or deadline.expired()
         return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)

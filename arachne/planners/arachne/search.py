@@ -118,17 +118,20 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
 
 
 def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None,
-                 max_actions: int = 400) -> list[State]:
-    """Rule-based templates: each class's best homogeneous pipelines (priced alone), then all classes
-    together (heterogeneous data parallelism), and the fastest class alone."""
+                 max_actions: int = 0) -> list[State]:
+    """Rule-based templates: per class the fewest stages that fit at tp 1 and at the largest in-node tp
+    (priced alone; the better one is the class's homogeneous choice), then all classes together
+    (heterogeneous data parallelism), each class alone, and mixed pipelines by rule."""
     classes, model = ctx.classes, ctx.model
     best_own: list[Action] = []
     for ci, c in enumerate(classes):
         prefix = State(0, tuple(Action("skip") for _ in range(ci)))
-        acts = [a for a in class_actions(prefix, model, c) if a.kind == "own"]
-        acts = _thin(acts, max_actions)
+        cands = rule_own_actions(ctx, ci)
+        if max_actions:
+            extra = [a for a in class_actions(prefix, model, c) if a.kind == "own"]
+            cands += _thin(extra, max_actions)
         top, top_v = Action("skip"), 0.0
-        for a in acts:
+        for a in cands:
             if deadline is not None and deadline.expired():
                 break
             v = pricer.price_state(prefix.push(a))
@@ -146,15 +149,50 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     return states
 
 
+def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
+    """Homogeneous pipelines of class ``ci`` with the fewest stages whose layers fit (micro-batch 1)."""
+    from arachne.planners.arachne.actions import STAGE_COUNTS
+    from arachne.planners.arachne.template import ep_options, tp_options
+    from arachne.planners.completion import split_layers
+
+    c, model = ctx.classes[ci], ctx.model
+    L = model.num_layers
+    tps = tp_options(model, c.node_size)
+    out = []
+    for tp in sorted({tps[0], tps[-1]}):
+        ep = ep_options(model, 1)[-1]
+        for S in STAGE_COUNTS:
+            if S > L or S * tp > c.count:
+                break
+            reps = c.count // (S * tp)
+            prof = ctx.slot_profile(ci, tp, 1, ep, 1, S, max(1, reps), False)
+            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // max(1, reps))) is not None:
+                out.append(Action("own", tp, 1, ep, S, reps))
+                break
+    if model.is_moe and c.node_size > 1:  # experts over the node's GPUs
+        tp = 1
+        dp = max(d for d in (1, 2, 4, 8) if d <= c.node_size and c.node_size % d == 0)
+        ep = ep_options(model, dp)[-1]
+        for S in STAGE_COUNTS:
+            if S > L or S * dp > c.count:
+                break
+            reps = c.count // (S * dp)
+            prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
+            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps)))) is not None:
+                out.append(Action("own", tp, dp, ep, S, reps))
+                break
+    return out
+
+
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     """Mixed pipelines by rule: ``R`` replicas, each class contributing stages in proportion to its GPUs."""
     classes, model = ctx.classes, ctx.model
     L = model.num_layers
     out = []
-    for R in mix_replica_options(classes):
+    for R in mix_replica_options(classes)[-3:]:
         if R == 0:
             continue
-        for tp in (1, 2, 4):
+        for tp in (1, 2):
             acts = []
             for c in classes:
                 t = min(tp, c.node_size)
