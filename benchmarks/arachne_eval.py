@@ -5,6 +5,8 @@ Usage:
   python benchmarks/arachne_eval.py ablation    [--k 24]      # policy top-K vs K random vs rule floor
   python benchmarks/arachne_eval.py generalise                # held-out GPU types, node sizes, sizes
   python benchmarks/arachne_eval.py latency [--baselines a,b] # planning time vs cluster size
+  python benchmarks/arachne_eval.py quality [--rows FILE]     # arachne / best baseline, from the rows that
+                                                              # benchmarks/planners.py wrote (planners.json)
 Each prints a table and writes CSV/JSON under --out (default results/arachne_eval).
 """
 
@@ -133,7 +135,8 @@ def ablation(args) -> None:
             job = Job(global_batch_size=gbs, sequence_length=seq)
             r = {"cluster": cname, "model": model}
             for mode in ("policy", "random", "floor"):
-                res = run("arachne", cl, model, job, 60, mode=mode, k=args.k, use_refine=False)
+                res = run("arachne", cl, model, job, 60, mode=mode, k=args.k, use_refine=False, use_floor=False,
+                          polish_s=0.0)
                 r[mode] = res["tokens_per_s"]
             best = max(r["policy"], r["random"], r["floor"])
             if best <= 0:
@@ -141,10 +144,13 @@ def ablation(args) -> None:
             for mode in ("policy", "random", "floor"):
                 r[f"{mode}_rel"] = r[mode] / best
             rows.append(r)
-    table(f"learning ablation: top-{args.k} policy templates vs {args.k} random templates vs rule floor "
-          "(same completion and pricing, no refinement)", rows)
+    table(f"learning ablation: the policy's top-{args.k} templates vs {args.k} random valid templates vs the "
+          "rule-based templates alone (same completion and pricing; no refinement, no split polishing)", rows)
     for mode in ("policy", "random", "floor"):
-        console.print(f"{mode:7s}: geomean relative to best of three {gmean([r[f'{mode}_rel'] for r in rows]):.3f}")
+        rel = [r[f"{mode}_rel"] for r in rows]
+        console.print(f"{mode:7s}: geomean relative to best of three {gmean(rel):.3f} over solved cases; "
+                      f"no fitting plan in {sum(x == 0 for x in rel)}/{len(rel)} cases; "
+                      f"best of three in {sum(x >= 0.9999 for x in rel)}/{len(rel)}")
     write(args.out, "ablation", rows)
 
 
@@ -215,9 +221,41 @@ def latency(args) -> None:
     write(args.out, "latency", rows)
 
 
+def quality(args) -> None:
+    """arachne's throughput over the best baseline's, per case of the planners benchmark."""
+    data = json.loads(Path(args.rows).read_text())
+    rows = data["rows"] if isinstance(data, dict) else data
+    cases: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        c = cases.setdefault(r["case"], {"case": r["case"], "model": r["model"], "gpus": r["gpus"],
+                                         "arachne": 0.0, "best_baseline": 0.0, "baseline": "-"})
+        tps = r["tokens_per_s"] or 0.0
+        if r["planner"] == "arachne":
+            c["arachne"] = tps
+        elif r["planner"] != "exhaustive" and tps > c["best_baseline"]:
+            c["best_baseline"], c["baseline"] = tps, r["planner"]
+    out = []
+    for c in cases.values():
+        if c["best_baseline"] <= 0 and c["arachne"] <= 0:
+            continue
+        c["ratio"] = c["arachne"] / c["best_baseline"] if c["best_baseline"] > 0 else float("inf")
+        c["moe"] = str(model_catalog().get(c["model"]).is_moe)
+        out.append(c)
+    table("arachne vs the best baseline per case (common cost model)", out)
+    for label, sel in (("all", out), ("dense", [c for c in out if c["moe"] == "False"]),
+                       ("MoE", [c for c in out if c["moe"] == "True"])):
+        finite = [c["ratio"] for c in sel if math.isfinite(c["ratio"])]
+        if finite:
+            console.print(f"{label:5s}: geomean {gmean(finite):.3f}, min {min(finite):.3f}, "
+                          f"share >= 1.0: {sum(r >= 1.0 for r in finite)}/{len(finite)}, "
+                          f">= 0.99: {sum(r >= 0.99 for r in finite)}/{len(finite)}")
+    write(args.out, "quality", out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", choices=["optimality", "ablation", "generalise", "latency"])
+    ap.add_argument("which", choices=["optimality", "ablation", "generalise", "latency", "quality"])
+    ap.add_argument("--rows", default="results/planners/planners.json")
     ap.add_argument("--out", type=Path, default=Path("results/arachne_eval"))
     ap.add_argument("--k", type=int, default=24)
     ap.add_argument("--budget", type=float, default=60.0)
@@ -225,7 +263,8 @@ def main() -> None:
     ap.add_argument("--teacher-budget", type=float, default=60.0)
     ap.add_argument("--baselines", default="")
     args = ap.parse_args()
-    {"optimality": optimality, "ablation": ablation, "generalise": generalise, "latency": latency}[args.which](args)
+    {"optimality": optimality, "ablation": ablation, "generalise": generalise, "latency": latency,
+     "quality": quality}[args.which](args)
 
 
 if __name__ == "__main__":

@@ -25,35 +25,53 @@ def register(app: typer.Typer) -> None:
         teacher_beam: int = typer.Option(3, "--teacher-beam", min=1),
         out: Path = typer.Option(Path("results/policy"), "-o", "--out", help="output directory"),
         install: bool = typer.Option(False, "--install", help="also replace the shipped checkpoint"),
+        data: Path | None = typer.Option(None, "--data", help="retrain from a saved data.npz (no teacher run)"),
     ) -> None:
         """Train the template policy offline (teacher labels, imitation + reward ranking, DAgger)."""
         import shutil
 
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         from arachne.planners.arachne.policy import WEIGHTS_FILE
         from arachne.planners.arachne.train.learn import TrainConfig
-        from arachne.planners.arachne.train.pipeline import PipelineConfig, run_pipeline
+        from arachne.planners.arachne.train.pipeline import PipelineConfig
 
         cfg = PipelineConfig(clusters=clusters, val_clusters=val_clusters, rounds=rounds, workers=workers,
                              address=address, seed=seed, teacher_seconds=teacher_seconds, teacher_beam=teacher_beam,
                              train=TrainConfig(epochs=epochs, seed=seed))
-        total = clusters + val_clusters + (rounds - 1) * max(1, clusters // 2)
-        with Progress(TextColumn("teacher labelling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console) as prog:
-            task = prog.add_task("label", total=total)
-            policy, info = run_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
-                                        log=lambda s: err_console.print(s))
-        last = info["rounds"][-1]["curve"][-1]
-        console.print(f"trained on {info['training_problems']} problems, {info['decisions']} decisions; "
-                      f"final validation top-1 {last.get('val_top1', float('nan')):.2f}; wrote {out}/policy.npz, "
-                      f"report.json, curve.png")
+        if data is not None:
+            import json as _json
+
+            from arachne.errors import InputError
+            from arachne.planners.arachne.train.pipeline import retrain
+
+            if not data.is_file():
+                raise InputError(str(data), "", "file not found")
+            prev = data.parent / "report.json"
+            policy, info = retrain(data, cfg, out, _json.loads(prev.read_text()) if prev.is_file() else None)
+        else:
+            policy, info = _run(cfg, out, clusters, val_clusters, rounds)
+        last = info["rounds"][-1]["curve"]
+        best = min(last, key=lambda r: r.get("val_loss", r["train_loss"]))
+        console.print(f"trained on {info.get('training_problems')} problems, {info['decisions']} decisions; "
+                      f"kept epoch {best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
+                      f"wrote {out}/policy.npz, report.json, curve.png")
         if install:
             target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
             shutil.copy(out / "policy.npz", target / WEIGHTS_FILE)
             shutil.copy(out / "report.json", target / "report.json")
             shutil.copy(out / "curve.png", target / "curve.png")
             console.print(f"installed into {target}")
+
+    def _run(cfg, out, clusters, val_clusters, rounds):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from arachne.planners.arachne.train.pipeline import run_pipeline
+
+        total = clusters + val_clusters + (rounds - 1) * max(1, clusters // 2)
+        with Progress(TextColumn("teacher labelling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console) as prog:
+            task = prog.add_task("label", total=total)
+            return run_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
+                                log=lambda s: err_console.print(s))
 
     @app.command("policy-info")
     @handle_errors
@@ -71,6 +89,7 @@ def register(app: typer.Typer) -> None:
             return
         cfg = info.get("config", {})
         params = sum(w.size + b.size for w, b in pol.layers)
+        kept = min(info["rounds"][-1]["curve"], key=lambda r: r.get("val_loss", r["train_loss"]))
         rows = [
             ("trained", info.get("trained_at", "?")),
             ("problems / decisions", f"{info.get('training_problems')} / {info.get('decisions')}"),
@@ -81,7 +100,7 @@ def register(app: typer.Typer) -> None:
             ("GPU types held out", ", ".join(cfg.get("problems", {}).get("exclude_gpus", []))),
             ("node sizes seen", ", ".join(map(str, info.get("node_sizes_seen", [])))),
             ("largest training cluster", f"{info.get('max_gpus_seen')} GPUs"),
-            ("final validation top-1", f"{info['rounds'][-1]['curve'][-1].get('val_top1', float('nan')):.3f}"),
+            ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} (epoch {kept['epoch']})"),
             ("training wall time", f"{info.get('wall_time_s', 0):.0f} s"),
         ]
         from rich.table import Table

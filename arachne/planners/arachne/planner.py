@@ -27,12 +27,13 @@ class ArachnePlanner:
 
     def __init__(self, k: int = 24, mode: str = "policy", refine_s: float = 0.4, floor_actions: int = 0,
                  teacher_beam: int = 2, policy: Policy | None = None, use_refine: bool = True,
-                 polish_s: float = 0.25):
+                 polish_s: float = 0.25, use_floor: bool = True):
         self.k, self.mode, self.refine_s = k, mode, refine_s
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
         self.use_refine = use_refine
         self.polish_s = polish_s
+        self.use_floor = use_floor
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -49,7 +50,7 @@ class ArachnePlanner:
                 states += policy_search(ctx, policy, self.k, FeatureBuilder(ctx))
             elif mode == "random":
                 states += random_states(ctx, self.k, budget.seed)
-            if mode in ("policy", "floor", "teacher"):
+            if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
                 states += floor_states(ctx, pricer, deadline, self.floor_actions)
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)

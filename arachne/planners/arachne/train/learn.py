@@ -21,7 +21,7 @@ class TrainConfig:
     layers: int = 2
     epochs: int = 40
     lr: float = 2e-3
-    weight_decay: float = 1e-5
+    weight_decay: float = 1e-3
     tau: float = 0.05
     batch_decisions: int = 256
     seed: int = 0
@@ -77,6 +77,7 @@ def train_policy(train: list[Record], val: list[Record], cfg: TrainConfig, info:
 
     Xv, Qv, Sv = _pack(val, cfg.tau) if val else (None, None, None)
     curve = []
+    best_state, best_val = None, float("inf")
     n_dec = len(train)
     starts = np.searchsorted(S, np.arange(n_dec + 1))
     for epoch in range(cfg.epochs):
@@ -100,6 +101,12 @@ def train_policy(train: list[Record], val: list[Record], cfg: TrainConfig, info:
         curve.append(row)
         if log:
             log(row)
+        score = row.get("val_loss", row["train_loss"])
+        if score < best_val:  # early stopping: keep the epoch that generalises best
+            best_val = score
+            best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    if best_state is not None:
+        net.load_state_dict(best_state)
     layers = []
     for m in net:
         if isinstance(m, torch.nn.Linear):

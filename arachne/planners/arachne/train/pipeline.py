@@ -15,7 +15,7 @@ import numpy as np
 from arachne.planners.arachne.policy import Policy
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
 from arachne.planners.arachne.train.problems import Problem, ProblemConfig, random_problem
-from arachne.planners.arachne.train.teacher import Labelled, label
+from arachne.planners.arachne.train.teacher import Labelled, Record, label
 
 
 @dataclass
@@ -87,6 +87,7 @@ def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None =
         log(f"round {rnd}: {len(train_records)} decisions (policy-visited states relabelled by the teacher)")
         policy, curve = train_policy(train_records, val_records, cfg.train, info)
         info["rounds"].append({"round": rnd, "decisions": len(train_records), "curve": curve})
+    save_records(out_dir / "data.npz", train_records, val_records)
     info["training_problems"] = len(problems)
     info["decisions"] = len(train_records)
     info["gpu_types_seen"] = sorted({n["gpu"] for p in problems for n in p.cluster_doc["nodes"]
@@ -94,6 +95,43 @@ def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None =
     info["node_sizes_seen"] = sorted({n["gpus_per_node"] for p in problems for n in p.cluster_doc["nodes"]})
     info["max_gpus_seen"] = max(sum(n["count"] * n["gpus_per_node"] for n in p.cluster_doc["nodes"]) for p in problems)
     info["wall_time_s"] = time.perf_counter() - t0
+    policy.info = info
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policy.save(out_dir / "policy.npz")
+    (out_dir / "report.json").write_text(json.dumps(info, indent=1))
+    plot_curve(info, out_dir / "curve.png")
+    return policy, info
+
+
+def save_records(path: Path, train: list[Record], val: list[Record]) -> None:
+    """The labelled decisions, so the learning step can be rerun without the teacher."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for name, recs in (("train", train), ("val", val)):
+        arrays[f"{name}_x"] = np.concatenate([r.x for r in recs]) if recs else np.zeros((0, 1), np.float32)
+        arrays[f"{name}_v"] = np.concatenate([r.values for r in recs]) if recs else np.zeros(0)
+        arrays[f"{name}_n"] = np.array([len(r.values) for r in recs], dtype=np.int64)
+    np.savez_compressed(path, **arrays)
+
+
+def load_records(path: Path) -> tuple[list[Record], list[Record]]:
+    with np.load(path) as z:
+        out = []
+        for name in ("train", "val"):
+            x, v, n = z[f"{name}_x"], z[f"{name}_v"], z[f"{name}_n"]
+            edges = np.concatenate([[0], np.cumsum(n)])
+            out.append([Record(x[a:b], v[a:b]) for a, b in zip(edges, edges[1:])])
+    return out[0], out[1]
+
+
+def retrain(data: Path, cfg: PipelineConfig, out_dir: Path, info_from: dict | None = None) -> tuple[Policy, dict]:
+    """Rerun only the learning step on saved decisions (e.g. with other hyper-parameters)."""
+    train_records, val_records = load_records(data)
+    info = dict(info_from or {})
+    info.update({"config": _jsonable(cfg), "trained_at": time.strftime("%Y-%m-%d"), "retrained_from": str(data)})
+    policy, curve = train_policy(train_records, val_records, cfg.train, info)
+    info["rounds"] = [{"round": 1, "decisions": len(train_records), "curve": curve}]
+    info["decisions"] = len(train_records)
     policy.info = info
     out_dir.mkdir(parents=True, exist_ok=True)
     policy.save(out_dir / "policy.npz")
