@@ -67,7 +67,7 @@ class Pipeline(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
-    micro_batches: int = Field(ge=1)
+    micro_batches: int = Field(ge=1, strict=True)
     stages: tuple[Stage, ...] = Field(min_length=1)
     micro_batch_size: int | None = Field(default=None, ge=1)
 
@@ -85,9 +85,9 @@ class Plan(BaseModel):
 
     format: str = PLAN_FORMAT
     model: str | dict[str, Any]
-    global_batch_size: int = Field(ge=1)
-    sequence_length: int = Field(ge=1)
-    micro_batch_size: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1, strict=True)
+    sequence_length: int = Field(ge=1, strict=True)
+    micro_batch_size: int = Field(ge=1, strict=True)
     precision: Precision = "bf16"
     zero_stage: Literal[0, 1] = 0
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
@@ -124,7 +124,7 @@ class Plan(BaseModel):
         return self.model if isinstance(self.model, str) else str(self.model.get("name", "inline"))
 
     def resolve_model(self, source: str = "") -> ModelSpec:
-        return load_model(self.model, source, "model")
+        return load_model(self.model, source, "model", allow_files=False)
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -146,11 +146,10 @@ class Plan(BaseModel):
         return json.dumps(self.to_doc(), indent=indent)
 
     def save(self, path: str | Path) -> None:
-        """Write the plan atomically (a failure never leaves a half-written file)."""
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_json() + "\n")
-        tmp.replace(p)
+        """Write the plan without ever leaving a half-written file."""
+        from arachne.fileio import write_text_safely
+
+        write_text_safely(path, self.to_json() + "\n")
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "") -> Plan:

@@ -36,4 +36,30 @@ _register()
 
 
 def main() -> None:
-    app()
+    """Entry point: usage errors become one line on stderr with exit code 2."""
+    import os
+    import sys
+
+    try:  # typer vendors click in recent versions
+        from typer._click import exceptions as click_exc
+    except ImportError:  # pragma: no cover
+        from click import exceptions as click_exc
+
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")  # tiny matrices: threads only add contention
+    try:
+        code = app(standalone_mode=False)
+    except click_exc.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help() if exc.ctx is not None else "usage: arachne COMMAND --help")
+        sys.exit(0)
+    except click_exc.UsageError as exc:
+        hint = f" (see `arachne {exc.ctx.info_name} --help`)" if exc.ctx is not None and exc.ctx.info_name else ""
+        msg = " ".join(exc.format_message().split())
+        print(f"error: {msg}{hint}", file=sys.stderr)
+        sys.exit(2)
+    except getattr(click_exc, "Abort", KeyboardInterrupt):
+        print("error: aborted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -40,8 +40,10 @@ def register(app: typer.Typer) -> None:
 
         if precision not in ("bf16", "fp16", "fp32"):
             raise InputError("", "--precision", f"expected bf16, fp16 or fp32, got {precision!r}")
-        if output is not None and output.is_dir():
-            raise InputError(str(output), "", "is a directory, expected a file path")
+        if output is not None:
+            from arachne.fileio import check_writable
+
+            check_writable(output)
         cl = load_cluster(cluster)
         spec = load_model(model, "", "--model")
         job = Job(global_batch_size=global_batch_size, sequence_length=sequence_length, precision=precision)

@@ -41,6 +41,11 @@ def stage_params(model: ModelSpec, a: int, b: int, first: bool, last: bool, num_
     return p
 
 
+def stage_expert_params(model: ModelSpec, a: int, b: int, tp: int, ep: int) -> float:
+    """The routed-expert part of :func:`stage_params` (held by ``1/ep`` of the stage's groups)."""
+    return sum(model.block_expert_params(i) for i in range(a, b)) / (tp * ep)
+
+
 def block_activation_bytes(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str,
                            cal: MemoryCalibration) -> float:
     """Activations one block keeps for backward, for ``b`` sequences, without recomputation."""

@@ -21,6 +21,7 @@ from arachne.cost.memory import (
     block_activation_bytes,
     block_transient_bytes,
     head_transient_bytes,
+    stage_expert_params,
     stage_params,
     state_bytes_per_param,
 )
@@ -238,7 +239,10 @@ class CostModel:
         w, g, o = state_bytes_per_param(precision, cal)
         if precision == "fp32":
             g += cal.fp32_grad_buffer
-        opt = o / max(1, zero_shards)
+        # ZeRO-1 shards optimizer state over the replicas of each parameter: every replica holds the
+        # dense part, only 1/ep of them hold a given expert
+        expert = stage_expert_params(model, a, z, tp, ep) if ep > 1 else 0.0
+        opt_params = (params - expert) / max(1, zero_shards) + expert / max(1, zero_shards // ep)
         ab = act_bytes(precision)
         if recompute:
             per_mb = (z - a) * seq * b * model.hidden_size * ab
@@ -256,7 +260,7 @@ class CostModel:
         dynamic = acts + transient
         fixed = cal.fp32_overhead_bytes if precision == "fp32" else cal.mixed_overhead_bytes
         overhead = fixed + cal.allocator_reserve * dynamic
-        return MemoryBreakdown(params * w, params * g, params * opt, acts, transient, overhead)
+        return MemoryBreakdown(params * w, params * g, opt_params * o, acts, transient, overhead)
 
     def _memory(self, model: ModelSpec, plan: Plan, st: Stage, s: int, S: int, m: int, mbs: int,
                 zero_shards: int, replicated: bool) -> MemoryBreakdown:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from functools import partial
+from typing import Any, Callable, Iterable, Sequence
 
 from arachne.cost import CostModel
 from arachne.cost.compute import act_bytes
@@ -309,33 +310,37 @@ def expert_parallel_postpass(plan: Plan, model: ModelSpec) -> Plan:
     return plan.model_copy(update={"pipelines": tuple(pipes)})
 
 
-def _with_ep_variant(plan: Plan, model: ModelSpec) -> list[Plan]:
-    """The EP post-pass variant first, then the plan as the algorithm wrote it (same native score;
-    the common model decides whether the all-to-all pays for the memory it saves)."""
+def ep_variants(plan: Plan, model: ModelSpec) -> list[Plan]:
+    """The plan as the algorithm wrote it and its EP post-pass variant (when that differs)."""
     ep = expert_parallel_postpass(plan, model)
-    return [ep, plan] if hash(ep) != hash(plan) else [plan]
+    return [plan, ep] if hash(ep) != hash(plan) else [plan]
 
 
-def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, deadline: Deadline,
-                 grace_s: float) -> tuple[list[Plan], list[float], int, int]:
+def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, deadline: Deadline, grace_s: float,
+                 variants: Callable[[Plan], list[Plan]] | None = None) -> tuple[list[Plan], list[float], int, int]:
     """§9 harness rule: walk the native ranking, drop plans that do not fit under the common model,
-    keep the first ``k`` that fit. Returns (plans, scores, dropped, invalid)."""
+    keep the first ``k`` that fit. With ``variants`` (the EP post-pass) each ranked plan stands for
+    its fastest fitting variant. Returns (plans, scores, dropped, invalid)."""
     plans, scores = [], []
     dropped = invalid = 0
     stop_at = time.perf_counter() + deadline.remaining + grace_s
     for score, plan in ranked:
         if len(plans) >= k or (plans and time.perf_counter() > stop_at):
             break
-        try:
-            est = cost.estimate(plan)
-        except InputError:
-            invalid += 1
-            continue
-        if est.fits:
-            plans.append(plan)
-            scores.append(score)
-        else:
+        best: tuple[float, Plan] | None = None
+        for cand in (variants(plan) if variants else [plan]):
+            try:
+                est = cost.estimate(cand)
+            except InputError:
+                invalid += 1
+                continue
+            if est.fits and (best is None or est.iteration_time_s < best[0]):
+                best = (est.iteration_time_s, cand)
+        if best is None:
             dropped += 1
+        else:
+            plans.append(best[1])
+            scores.append(score)
     return plans, scores, dropped, invalid
 
 
@@ -366,16 +371,17 @@ class BaselinePlanner:
         self.search(ctx)
         ranked = sorted(ctx.ranked.values(), key=lambda sp: sp[0])
         stats.notes["ranked"] = len(ranked)
-        walk: Iterable[tuple[float, Plan]] = ranked
+        variants = None
         if model.is_moe and not self.native_ep:
-            stats.notes["ep"] = ("post-pass: each plan also with the largest ep | gcd(stage dp, experts)"
-                                 if self.ep_postpass else "ep = 1 (the algorithm cannot express expert parallelism)")
-            if self.ep_postpass:  # lazily: the walk usually stops near the top
-                walk = ((s, v) for s, p in ranked for v in _with_ep_variant(p, model))
+            stats.notes["ep"] = ("post-pass: largest ep | gcd(stage dp, experts), kept where the common model "
+                                 "prices it faster than ep = 1" if self.ep_postpass else
+                                 "ep = 1 (the algorithm cannot express expert parallelism)")
+            if self.ep_postpass:
+                variants = partial(ep_variants, model=model)
         k = max(1, budget.top_k)
         if self.harness:
-            plans, scores, dropped, invalid = harness_walk(walk, cost_model, k, deadline,
-                                                           grace_s=max(1.0, 0.25 * budget.time_budget_s))
+            plans, scores, dropped, invalid = harness_walk(ranked, cost_model, k, deadline,
+                                                           max(1.0, 0.25 * budget.time_budget_s), variants)
             stats.notes["dropped_unfit"] = dropped
             if plans:  # §11.2 "faithful" mode: the first fitting plan in the native ranking
                 stats.notes["faithful_pick_iteration_s"] = cost_model.estimate(plans[0]).iteration_time_s

@@ -90,6 +90,10 @@ PLANNER_MODULES = {
     "metis": "arachne.planners.metis",
     "flashflex": "arachne.planners.flashflex",
     "sailor": "arachne.planners.sailor",
+    "amp+ep": "arachne.planners.amp",
+    "metis+ep": "arachne.planners.metis",
+    "flashflex+ep": "arachne.planners.flashflex",
+    "sailor+ep": "arachne.planners.sailor",
     "exhaustive": "arachne.planners.exhaustive",
 }
 
@@ -115,10 +119,11 @@ def planner_names() -> list[str]:
 
 def get_planner(name: str, **options: Any) -> Planner:
     if name not in _REGISTRY:
-        mod = PLANNER_MODULES.get(name)
-        if mod is None or importlib.util.find_spec(mod) is None:
-            raise InputError("", "--planner", f"unknown planner {name!r} (available: {', '.join(planner_names())})")
-        importlib.import_module(mod)
+        mod = PLANNER_MODULES.get(name) or PLANNER_MODULES.get(name.split("+")[0])
+        if mod is not None and importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod)
+    if name not in _REGISTRY:
+        raise InputError("", "--planner", f"unknown planner {name!r} (available: {', '.join(planner_names())})")
     return _REGISTRY[name](**options)
 
 
@@ -169,29 +174,36 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
     result.stats.wall_time_s = elapsed
     result.stats.plans_priced = cost_model.estimates - before
     if chosen is None:
-        raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name))
+        raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name,
+                                                           result.stats.notes.get("closest_unfit"),
+                                                           result.stats.timed_out))
     plan, est = chosen
     plan = plan.model_copy(update={"planner": name, "planning_time_s": round(elapsed, 6),
                                    "estimate": est.to_doc(details=False)})
     return plan, est, result
 
 
-def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, planner: str) -> str:
-    """Why nothing fits: the model state alone against the cluster's total memory."""
+def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, planner: str,
+                             closest: str | None = None, timed_out: bool = False) -> str:
+    """Why nothing fits, with numbers: the model state against the cluster's memory, or the nearest miss."""
     from arachne.cost.calibration import DEFAULT_CALIBRATION
     from arachne.cost.memory import state_bytes_per_param
 
-    w, g, o = state_bytes_per_param(job.precision, DEFAULT_CALIBRATION.memory)
-    need = model.num_params * (w + g)
-    need_zero = need + model.num_params * o
+    cal = DEFAULT_CALIBRATION.memory
+    w, g, o = state_bytes_per_param(job.precision, cal)
+    extra = cal.fp32_grad_buffer if job.precision == "fp32" else 0.0
+    overhead = (cal.fp32_overhead_bytes if job.precision == "fp32" else cal.mixed_overhead_bytes) * cluster.num_gpus
+    need = model.num_params * (w + g + o + extra) + overhead
     have = cluster.total_memory_bytes
-    if need_zero > have:
-        return (f"no plan fits: {model.name} needs at least {need_zero / 1e9:.0f} GB for weights, gradients and "
-                f"optimizer state ({job.precision}, Adam) but the cluster has {have / 1e9:.0f} GB in total "
-                f"(short by {(need_zero - have) / 1e9:.0f} GB)")
-    return (f"no plan found by {planner} fits in memory: {model.name} model state needs {need_zero / 1e9:.0f} GB of "
-            f"the cluster's {have / 1e9:.0f} GB, but no layout keeps every GPU under its capacity with activations "
-            f"for batch {job.global_batch_size} x {job.sequence_length} (try a smaller sequence length, or more GPUs)")
+    if need > have:
+        return (f"no plan fits: {model.name} needs at least {need / 1e9:.0f} GB for weights, gradients, optimizer "
+                f"state ({job.precision}, Adam, one copy even with ZeRO-1) and per-GPU runtime overhead, but the "
+                f"cluster has {have / 1e9:.0f} GB in total (short by {(need - have) / 1e9:.0f} GB)")
+    why = f"; {closest}" if closest else ""
+    budget = " within the time budget" if timed_out else ""
+    return (f"no plan found by {planner}{budget} fits in memory: the model state needs {need / 1e9:.0f} GB of the "
+            f"cluster's {have / 1e9:.0f} GB, but no layout it tried keeps every GPU under its capacity with "
+            f"activations for micro-batches of {job.sequence_length} tokens{why}")
 
 
 def _stderr_is_tty() -> bool:

@@ -10,7 +10,6 @@ memory demands it, ZeRO-1 when layers are replicated) with ``CostModel.estimate`
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +18,7 @@ from arachne.cost import CostModel, Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Plan, Stage
-from arachne.planners.arachne.template import DeviceClass, Template, device_classes
+from arachne.planners.arachne.template import DeviceClass, Group, Template, device_classes
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec, model_ref
@@ -66,7 +65,20 @@ class PlanningContext:
     cost_model: CostModel
     classes: list[DeviceClass] = field(default_factory=list)
     memory_headroom: float = 0.97
+    closest_unfit: tuple[float, str] | None = None  # (worst used/capacity, description) of the nearest miss
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
+
+    def note_unfit(self, est: Estimate) -> None:
+        """Remember the priced plan that came closest to fitting (for the no-plan message)."""
+        worst = max(est.stages, key=lambda s: s.memory_bytes / s.capacity_bytes, default=None)
+        if worst is None:
+            return
+        ratio = worst.memory_bytes / worst.capacity_bytes
+        if self.closest_unfit is None or ratio < self.closest_unfit[0]:
+            self.closest_unfit = (ratio, f"the closest layout found needs {worst.memory_bytes / 1e9:.1f} GB on a "
+                                         f"{worst.gpu} ({worst.capacity_bytes / 1e9:.1f} GB; over by "
+                                         f"{(worst.memory_bytes - worst.capacity_bytes) / 1e9:.1f} GB) for blocks "
+                                         f"{worst.layers[0]}-{worst.layers[1]} at micro-batch 1 or more")
 
     def __post_init__(self) -> None:
         if not self.classes:
@@ -192,6 +204,10 @@ def share_micro_batches(periods: list[float], fills: list[float], total: int) ->
         i = max((i for i in range(n) if c[i] > 0), key=lambda i: (c[i] - 1) * periods[i] + fills[i])
         c[i] -= 1
         extra -= 1
+    while extra < 0:  # top up the pipelines that would finish first
+        i = min(range(n), key=lambda i: c[i] * periods[i] + fills[i])
+        c[i] += 1
+        extra += 1
     return c
 
 
@@ -262,6 +278,8 @@ def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool
         profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
         r = split_layers(profs, L, m_est)
         if r is None:
+            if ctx.closest_unfit is None or ctx.closest_unfit[0] > 1:
+                _note_even_split(template, ctx, mbs, recompute, placement)
             return None
         split, _ = r
         times = [p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profs, split))]
@@ -289,6 +307,43 @@ def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool
                 optimizer=job.optimizer, pipelines=tuple(pipelines))
 
 
+def cap_replicas(template: Template, max_pipelines: int) -> Template:
+    """At most ``max_pipelines`` pipelines in total (each needs a micro-batch): later groups give way."""
+    if sum(g.replicas for g in template.groups) <= max_pipelines:
+        return template
+    groups, left = [], max_pipelines
+    for g in template.groups:
+        r = min(g.replicas, left)
+        if r > 0:
+            groups.append(Group(g.slots, r))
+        left -= r
+    return Template(tuple(groups))
+
+
+def _note_even_split(template: Template, ctx: PlanningContext, mbs: int, recompute: bool, placement) -> None:
+    """Price the template with even layer splits, only to report how far memory is from fitting."""
+    L = ctx.model.num_layers
+    if any(g.num_stages > L for g in template.groups):
+        return
+    M = ctx.job.global_batch_size // mbs
+    n = sum(g.replicas for g in template.groups)
+    if n > M:
+        return
+    pipes = []
+    for gi, g in enumerate(template.groups):
+        S = g.num_stages
+        edges = [round(i * L / S) for i in range(S + 1)]
+        for r in range(g.replicas):
+            stages = tuple(Stage(layers=(a, b), devices=devs, tp=s.tp, dp=s.dp if s.dp > 1 else None, ep=s.ep,
+                                 recompute=recompute)
+                           for a, b, devs, s in zip(edges, edges[1:], placement[gi][r], g.slots))
+            pipes.append(Pipeline(micro_batches=M // n + (1 if len(pipes) < M % n else 0), stages=stages))
+    plan = Plan(model=model_ref(ctx.model), global_batch_size=ctx.job.global_batch_size,
+                sequence_length=ctx.job.sequence_length, micro_batch_size=mbs, precision=ctx.job.precision,
+                zero_stage=1 if n > 1 else 0, pipelines=tuple(pipes))
+    ctx.note_unfit(ctx.cost_model.estimate(plan, validate=False))
+
+
 def mbs_candidates(template: Template, job: Job) -> list[int]:
     n_pipes = sum(g.replicas for g in template.groups)
     dps = {s.dp for g in template.groups for s in g.slots}
@@ -300,6 +355,7 @@ def mbs_candidates(template: Template, job: Job) -> list[int]:
 def price_template(template: Template, ctx: PlanningContext,
                    mbs_options: list[int] | None = None) -> tuple[Plan, Estimate] | None:
     """Complete and price the template's candidates; the fastest plan that fits, or None."""
+    template = cap_replicas(template, ctx.job.global_batch_size)
     placement = place(template, ctx)
     if placement is None:
         return None
@@ -310,6 +366,8 @@ def price_template(template: Template, ctx: PlanningContext,
             if plan is None:
                 continue
             est = ctx.cost_model.estimate(plan, validate=False)
+            if not est.fits:
+                ctx.note_unfit(est)
             if est.fits:
                 if best is None or est.iteration_time_s < best[1].iteration_time_s:
                     best = (plan, est)
@@ -317,21 +375,23 @@ def price_template(template: Template, ctx: PlanningContext,
     return best
 
 
-def split_neighbours(plan: Plan, radius: int, limit: int) -> list[Plan]:
-    """Plans whose stage boundaries move by up to ``radius`` layers (same for every replica)."""
-    out = []
+def split_neighbours(plan: Plan, radius: int, limit: int):
+    """Plans whose stage boundaries move by up to ``radius`` layers (the same move in every replica of a
+    pipeline shape): one boundary at a time, or two neighbouring boundaries together (a stage shifts).
+    A generator, linear in the number of stages."""
     shapes: dict[tuple, list[int]] = {}
     for i, p in enumerate(plan.pipelines):
         key = tuple((s.devices[0].split(":")[0], s.tp, s.dp_size) for s in p.stages)
         shapes.setdefault((len(p.stages), key), []).append(i)
-    for (_, _), idxs in shapes.items():
+    made = 0
+    for idxs in shapes.values():
         base = plan.pipelines[idxs[0]]
         bounds = [s.layers[0] for s in base.stages[1:]]
         L = base.stages[-1].layers[1]
-        for delta in itertools.product(range(-radius, radius + 1), repeat=len(bounds)):
-            if not any(delta):
-                continue
-            nb = [b + d for b, d in zip(bounds, delta)]
+        moves = [((i,), d) for i in range(len(bounds)) for d in range(-radius, radius + 1) if d]
+        moves += [((i, i + 1), d) for i in range(len(bounds) - 1) for d in range(-radius, radius + 1) if d]
+        for which, d in moves:
+            nb = [b + d if k in which else b for k, b in enumerate(bounds)]
             edges = [0, *nb, L]
             if any(b >= c for b, c in zip(edges, edges[1:])):
                 continue
@@ -341,10 +401,10 @@ def split_neighbours(plan: Plan, radius: int, limit: int) -> list[Plan]:
                 pipes[i] = Pipeline(micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
                                     stages=tuple(s.model_copy(update={"layers": (a, b)})
                                                  for s, a, b in zip(p.stages, edges, edges[1:])))
-            out.append(plan.model_copy(update={"pipelines": tuple(pipes)}))
-            if len(out) >= limit:
-                return out
-    return out
+            yield plan.model_copy(update={"pipelines": tuple(pipes)})
+            made += 1
+            if made >= limit:
+                return
 
 
 def polish_splits(plan: Plan, est: Estimate, cost_model: CostModel, radius: int = 1, limit: int = 80,

@@ -38,7 +38,10 @@ def homogenised(cluster: Cluster, gpu: GPUType) -> Cluster:
 
 @register("megatron")
 class MegatronPlanner(BaselinePlanner):
-    """Nested loops over (tp, pp, b, ep, recompute, ZeRO-1); keep what fits; rank by the common model."""
+    """Nested loops over (tp, pp, b, ep, recompute, ZeRO-1); keep what fits; rank by the common model.
+
+    ``uneven``: any pp <= L with a near-even split instead of pp | L. ``quirks``/``ep_postpass`` are
+    accepted for a uniform constructor and ignored (no reference quirks; EP is native)."""
 
     name = "megatron"
     uniform_nodes = False   # H-a takes a uniform subset per type itself

@@ -159,8 +159,10 @@ class ProfileDB:
 
     def load_dir(self, directory: str | Path) -> "ProfileDB":
         d = Path(directory)
-        if not d.is_dir():
+        if not d.exists():
             raise InputError(str(d), "", "profiles directory not found")
+        if not d.is_dir():
+            raise InputError(str(d), "", "expected a directory of profile JSON files, got a file")
         for path in sorted(d.glob("*.json")):
             self.add(load_profile(path))
         return self
@@ -189,9 +191,9 @@ def load_profile(path: str | Path) -> ProfileDocument:
 def write_profile(doc: ProfileDocument, path: str | Path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc.model_dump(exclude_none=True), indent=1) + "\n")
-    tmp.replace(p)
+    from arachne.fileio import write_text_safely
+
+    write_text_safely(p, json.dumps(doc.model_dump(exclude_none=True), indent=1) + "\n")
 
 
 def profile_filename(model: str, gpu: str, precision: str) -> str:

@@ -20,9 +20,9 @@ class NodeGroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    count: int = Field(default=1, ge=1, strict=True)
+    count: int = Field(default=1, ge=1, le=100_000, strict=True)
     gpu: str = Field(min_length=1)
-    gpus_per_node: int | None = Field(default=None, ge=1, strict=True)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64, strict=True)
     inter_node_gbps: float | None = Field(default=None, gt=0)
     intra_node_gbps: float | None = Field(default=None, gt=0)
     zone: str | None = None
@@ -139,6 +139,9 @@ class Cluster:
 
 def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
     """Resolve GPU names, expand ``{i}`` and check node names are unique."""
+    total = sum(g.count * (g.gpus_per_node or 8) for g in spec.nodes)
+    if total > 1_000_000:
+        raise InputError(source, "nodes", f"{total} GPUs is more than arachne plans for (1,000,000)")
     catalog = gpu_catalog().with_types([g.to_gpu_type() for g in spec.gpu_types])
     nodes: list[Node] = []
     seen: set[str] = set()

@@ -257,8 +257,9 @@ def model_from_dict(data: dict, source: str = "", prefix: str = "") -> ModelSpec
         raise InputError(source, prefix, str(err)) from None
 
 
-def load_model(ref: str | dict | ModelSpec, source: str = "", field: str = "model") -> ModelSpec:
-    """A model from a catalog name, an inline document, or the path of a YAML/JSON file."""
+def load_model(ref: str | dict | ModelSpec, source: str = "", field: str = "model",
+               allow_files: bool = True) -> ModelSpec:
+    """A model from a catalog name, an inline document, or (``allow_files``) the path of a YAML/JSON file."""
     if isinstance(ref, ModelSpec):
         return ref
     if isinstance(ref, dict):
@@ -269,6 +270,6 @@ def load_model(ref: str | dict | ModelSpec, source: str = "", field: str = "mode
     if found is not None:
         return found
     path = Path(ref)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+    if allow_files and (path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file()):
         return model_from_dict(load_document(path), str(path))
     raise InputError(source, field, f"unknown model {ref!r} (see `arachne models`)")

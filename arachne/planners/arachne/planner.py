@@ -47,7 +47,7 @@ class ArachnePlanner:
         with progress_bar(budget.progress, "arachne: pricing templates") as advance:
             states: list[State] = []
             if mode == "policy":
-                states += policy_search(ctx, policy, self.k, FeatureBuilder(ctx))
+                states += policy_search(ctx, policy, self.k, FeatureBuilder(ctx), deadline)
             elif mode == "random":
                 states += random_states(ctx, self.k, budget.seed)
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
@@ -76,6 +76,8 @@ class ArachnePlanner:
                     ranked.append(polished)
             ranked.sort(key=lambda r: -r[1].tokens_per_s)
         stats.candidates = len(pricer.cache)
+        if ctx.closest_unfit is not None:
+            stats.notes["closest_unfit"] = ctx.closest_unfit[1]
         stats.timed_out = stats.timed_out or deadline.expired()
         return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
 

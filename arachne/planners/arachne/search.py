@@ -97,20 +97,22 @@ def teacher_search(ctx: PlanningContext, pricer: Pricer, beam: int = 4, deadline
     return decisions
 
 
-def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: FeatureBuilder | None = None
-                  ) -> list[State]:
-    """Beam search on the policy's log-probabilities: the top-k complete decision sequences."""
+def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: FeatureBuilder | None = None,
+                  deadline: Deadline | None = None) -> list[State]:
+    """Beam search on the policy's log-probabilities: the top-k complete decision sequences
+    (when the deadline passes, the beams are completed with the policy's single best action)."""
     feats = feats or FeatureBuilder(ctx)
     classes, model = ctx.classes, ctx.model
     roots = mix_replica_options(classes)
     beams: list[tuple[float, State]] = [(0.0, State(r)) for r in roots]
     for ci in range(len(classes)):
         cand: list[tuple[float, State]] = []
+        width = 1 if deadline is not None and deadline.expired() else k
         for lp, st in beams:
             acts = class_actions(st, model, classes[ci])
             logits = policy.logits(feats.batch(st, acts))
             logp = logits - np.logaddexp.reduce(logits)
-            order = np.argsort(-logp)[: k]
+            order = np.argsort(-logp)[: width]
             cand.extend((lp + float(logp[i]), st.push(acts[i])) for i in order)
         cand.sort(key=lambda x: -x[0])
         beams = cand[: k]
