@@ -12,6 +12,11 @@ Each prints a table and writes CSV/JSON under --out (default results/arachne_eva
 
 from __future__ import annotations
 
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # as the CLI does: tiny matrices, threads only add contention
+
 import argparse
 import csv
 import json

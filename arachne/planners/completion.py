@@ -257,6 +257,14 @@ def place(template: Template, ctx: PlanningContext) -> list[list[list[tuple[str,
 def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool = False,
              placement=None) -> Plan | None:
     """The template as a full plan at micro-batch size ``mbs`` (None if it cannot be completed)."""
+    r = complete_with_time(template, ctx, mbs, recompute, placement)
+    return r[0] if r else None
+
+
+def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recompute: bool = False,
+                       placement=None) -> tuple[Plan, float] | None:
+    """:func:`complete`, plus the completion's own time model of the pipelines (fill + steady state),
+    used only to decide which candidates are worth pricing."""
     job, L = ctx.job, ctx.model.num_layers
     gbs = job.global_batch_size
     if gbs % mbs:
@@ -287,6 +295,7 @@ def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool
         periods.extend([max(times)] * g.replicas)
         fills.extend([sum(times)] * g.replicas)
     counts = share_micro_batches(periods, fills, M)
+    quick = max(((m - 1) * p + f for m, p, f in zip(counts, periods, fills) if m > 0), default=float("inf"))
     pipelines = []
     k = 0
     for gi, g in enumerate(template.groups):
@@ -302,9 +311,10 @@ def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool
     if not pipelines:
         return None
     replicated = len(pipelines) > 1 or any(s.dp > 1 for g in template.groups for s in g.slots)
-    return Plan(model=model_ref(ctx.model), global_batch_size=gbs, sequence_length=job.sequence_length,
+    plan = Plan(model=model_ref(ctx.model), global_batch_size=gbs, sequence_length=job.sequence_length,
                 micro_batch_size=mbs, precision=job.precision, zero_stage=1 if replicated else 0,
                 optimizer=job.optimizer, pipelines=tuple(pipelines))
+    return plan, quick
 
 
 def cap_replicas(template: Template, max_pipelines: int) -> Template:
@@ -352,26 +362,36 @@ def mbs_candidates(template: Template, job: Job) -> list[int]:
     return out
 
 
-def price_template(template: Template, ctx: PlanningContext,
-                   mbs_options: list[int] | None = None) -> tuple[Plan, Estimate] | None:
-    """Complete and price the template's candidates; the fastest plan that fits, or None."""
+def price_template(template: Template, ctx: PlanningContext, mbs_options: list[int] | None = None,
+                   max_priced: int | None = 2) -> tuple[Plan, Estimate] | None:
+    """Complete the template at every candidate micro-batch size, price the ``max_priced`` most promising
+    (by the completion's own time model; all when None) with the cost model, with recomputation only
+    where memory demands it; the fastest plan that fits, or None."""
     template = cap_replicas(template, ctx.job.global_batch_size)
     placement = place(template, ctx)
     if placement is None:
         return None
+    options = mbs_options or mbs_candidates(template, ctx.job)
     best: tuple[Plan, Estimate] | None = None
-    for mbs in mbs_options or mbs_candidates(template, ctx.job):
-        for recompute in (False, True):
-            plan = complete(template, ctx, mbs, recompute, placement)
-            if plan is None:
-                continue
+    for recompute in (False, True):
+        cands = []
+        for mbs in options:
+            r = complete_with_time(template, ctx, mbs, recompute, placement)
+            if r is not None:
+                cands.append((r[1], mbs, r[0]))
+        cands.sort(key=lambda c: c[0])
+        priced = 0
+        for _, mbs, plan in cands:
+            if max_priced is not None and priced >= max_priced and best is not None:
+                break
             est = ctx.cost_model.estimate(plan, validate=False)
+            priced += 1
             if not est.fits:
                 ctx.note_unfit(est)
-            if est.fits:
-                if best is None or est.iteration_time_s < best[1].iteration_time_s:
-                    best = (plan, est)
-                break  # recomputation only when memory demands it
+            elif best is None or est.iteration_time_s < best[1].iteration_time_s:
+                best = (plan, est)
+        if best is not None:
+            break  # recomputation only when nothing fits without it
     return best
 
 

@@ -43,7 +43,7 @@ class ExhaustivePlanner:
              budget: SearchBudget) -> PlannerResult:
         deadline = budget.deadline()
         ctx = PlanningContext(cluster, model, job, cost_model)
-        pricer = Pricer(ctx)
+        pricer = Pricer(ctx, max_priced=None)
         stats = SearchStats()
         with progress_bar(budget.progress, "exhaustive: templates") as advance:
             for st in all_states(ctx):

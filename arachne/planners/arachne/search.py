@@ -22,6 +22,7 @@ class Pricer:
     """Prices templates through completion, once each."""
 
     ctx: PlanningContext
+    max_priced: int | None = 2  # candidates priced per template (None: every micro-batch size)
     cache: dict[Template, tuple[Plan, Estimate] | None] = field(default_factory=dict)
     states: dict[Template, State] = field(default_factory=dict)
 
@@ -34,7 +35,8 @@ class Pricer:
         if not tpl.groups:
             return None
         if tpl not in self.cache:
-            self.cache[tpl] = price_template(tpl, self.ctx) if tpl.fits_counts(self.ctx.classes) else None
+            self.cache[tpl] = (price_template(tpl, self.ctx, max_priced=self.max_priced)
+                               if tpl.fits_counts(self.ctx.classes) else None)
         return self.cache[tpl]
 
     def throughput(self, tpl: Template) -> float:
