@@ -64,7 +64,7 @@ class PlanningContext:
     job: Job
     cost_model: CostModel
     classes: list[DeviceClass] = field(default_factory=list)
-    memory_headroom: float = 0.97
+    memory_headroom: float = 1.0  # the cost model already charges allocator reserve
     closest_unfit: tuple[float, str] | None = None  # (worst used/capacity, description) of the nearest miss
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
 

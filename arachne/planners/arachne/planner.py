@@ -27,13 +27,14 @@ class ArachnePlanner:
 
     def __init__(self, k: int = 24, mode: str = "policy", refine_s: float = 0.4, floor_actions: int = 0,
                  teacher_beam: int = 2, policy: Policy | None = None, use_refine: bool = True,
-                 polish_s: float = 0.25, use_floor: bool = True):
+                 polish_s: float = 0.25, use_floor: bool = True, target_s: float = 1.0):
         self.k, self.mode, self.refine_s = k, mode, refine_s
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
         self.use_refine = use_refine
         self.polish_s = polish_s
         self.use_floor = use_floor
+        self.target_s = target_s
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -61,10 +62,27 @@ class ArachnePlanner:
                 pricer.price_state(st)
                 advance(1)
             best = pricer.best()
+            if mode == "policy" and self.use_floor and not deadline.expired():
+                # the priced teacher as a safety net: always when nothing fits yet, otherwise while the
+                # latency target allows (small clusters price quickly)
+                spare = self.target_s - deadline.elapsed
+                if best is None or spare > 0.2:
+                    limit = deadline.remaining if best is None else min(spare, deadline.remaining)
+                    teacher_search(ctx, pricer, self.teacher_beam, Deadline(limit))
+                    best = pricer.best()
+                if best is None:  # memory is tight: walk the whole template space while the budget lasts
+                    from arachne.planners.exhaustive import all_states
+
+                    for st in all_states(ctx):
+                        if deadline.expired():
+                            break
+                        if pricer.price_state(st) > 0:
+                            break
+                    best = pricer.best()
             if best is not None and self.use_refine and mode != "random":
                 start = pricer.states.get(best[0])
                 if start is not None:
-                    sub = Deadline(min(self.refine_s, deadline.remaining))
+                    sub = Deadline(min(max(self.refine_s, self.target_s - deadline.elapsed), deadline.remaining))
                     refine(ctx, pricer, start, sub)
         ranked = sorted((r for r in pricer.cache.values() if r is not None),
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
