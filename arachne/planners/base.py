@@ -112,6 +112,8 @@ def planner_names() -> list[str]:
     """Planners whose modules exist in this installation."""
     names = []
     for name, mod in PLANNER_MODULES.items():
+        if "+" in name:  # variants (e.g. the EP post-pass) are listed by their base planner's users
+            continue
         if importlib.util.find_spec(mod) is not None:
             names.append(name)
     return names

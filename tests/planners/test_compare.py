@@ -1,0 +1,80 @@
+"""`arachne compare` and the comparison library: rows, JSON contract, table, chart, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from arachne.cli.app import app
+from arachne.planners.base import SearchBudget
+from arachne.report.compare import compare_table, default_planners, parse_planners, run_compare
+from arachne.spec.cluster import cluster_from_dict
+from arachne.spec.job import Job
+from arachne.spec.model import load_model
+from arachne.errors import InputError
+
+CLUSTER = {"name": "mini", "nodes": [{"name": "a", "gpu": "A100-40", "gpus_per_node": 4},
+                                     {"name": "v", "gpu": "V100-16", "gpus_per_node": 4}]}
+
+
+@pytest.fixture
+def cluster_file(write_doc) -> Path:
+    return write_doc("mini.yaml", CLUSTER)
+
+
+def test_run_compare_rows_and_failures() -> None:
+    c = cluster_from_dict(CLUSTER)
+    rows = run_compare(c, load_model("OPT-350M"), Job(global_batch_size=64, sequence_length=2048),
+                       ["megatron", "amp"], SearchBudget(time_budget_s=10))
+    assert [r.planner for r in rows] == ["megatron", "amp"]
+    assert all(r.estimate is not None and r.error is None for r in rows)
+    doc = rows[0].to_doc()
+    assert set(doc) == {"planner", "plan", "estimate", "planning_time_s", "plans_priced", "error"}
+    assert compare_table(rows, "t").row_count == 2
+    big = run_compare(c, load_model("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048),
+                      ["amp"], SearchBudget(time_budget_s=5))
+    assert big[0].plan is None and "no plan fits" in big[0].error
+
+
+def test_default_planners_add_ep_variants_for_moe() -> None:
+    dense, moe = default_planners(load_model("OPT-350M")), default_planners(load_model("Mixtral-8x7B"))
+    assert "megatron" in dense and "metis+ep" not in dense
+    assert "metis+ep" in moe and "amp+ep" in moe
+    with pytest.raises(InputError):
+        parse_planners("megatron,nope", load_model("OPT-350M"))
+
+
+def test_cli_json_is_the_contract(cluster_file: Path) -> None:
+    res = CliRunner().invoke(app, ["compare", "--cluster", str(cluster_file), "--model", "OPT-350M",
+                                   "--global-batch-size", "64", "--sequence-length", "1024",
+                                   "--planners", "megatron,sailor,amp", "--time-budget", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [r["planner"] for r in doc["results"]] == ["megatron", "sailor", "amp"]
+    for r in doc["results"]:
+        assert r["error"] is None and r["plan"]["format"] == "arachne-plan/1"
+        assert r["estimate"]["tokens_per_s"] > 0 and r["plans_priced"] > 0
+
+
+def test_cli_table_and_plot(cluster_file: Path, tmp_path: Path) -> None:
+    png = tmp_path / "cmp.png"
+    res = CliRunner().invoke(app, ["compare", "-c", str(cluster_file), "-m", "GPT-3-1.3B", "-b", "64", "-s", "1024",
+                                   "--planners", "megatron,flashflex", "--time-budget", "5", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert "megatron" in res.stdout and "vs best" in res.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--planners", "nope"], "unknown planner"),
+    (["--precision", "fp8"], "--precision"),
+    (["--model", "no-such-model"], "unknown model"),
+])
+def test_cli_bad_input_is_one_line_exit_2(cluster_file: Path, args: list[str], needle: str) -> None:
+    base = ["compare", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64", "-s", "1024"]
+    res = CliRunner().invoke(app, base + args)
+    assert res.exit_code == 2
+    assert needle in res.output and "Traceback" not in res.output
