@@ -235,6 +235,9 @@ def quality(args) -> None:
 
         spec = importlib.util.spec_from_file_location("planners_bench", Path(__file__).with_name("planners.py"))
         bench = importlib.util.module_from_spec(spec)
+        import sys
+
+        sys.modules["planners_bench"] = bench  # dataclasses look their module up
         spec.loader.exec_module(bench)
         by_name = {c.name: c for c in bench.CASES}
         for r in rows:

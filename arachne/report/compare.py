@@ -62,9 +62,13 @@ def ensure_registered(name: str) -> None:
 
 
 def default_planners(model: ModelSpec) -> list[str]:
-    """Every installed planner; for MoE models also the baselines' EP post-pass variants."""
-    names = []
-    for name in planner_names():
+    """Every installed planner; the baselines' EP post-pass variants only for MoE models (on a dense
+    model they equal their base planner), each right after its base."""
+    installed = planner_names()
+    names: list[str] = []
+    for name in installed:
+        if name in EP_VARIANTS.values():
+            continue
         names.append(name)
         if model.is_moe and name in EP_VARIANTS:
             names.append(EP_VARIANTS[name])
