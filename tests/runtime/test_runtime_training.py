@@ -118,7 +118,11 @@ def test_torchrun_worker_matches_run(rt, load, tmp_path):
            "-m", "arachne.runtime.worker", "--plan", str(tmp_path / "plan.json"),
            "--cluster", str(tmp_path / "cluster.json"), "--node-name", "n0", "--steps", "2", "--seed", str(SEED),
            "--cpu", "--timeout", "60"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for _attempt in range(2):  # torchrun's local rendezvous occasionally aborts a rank on a loaded 2-core box
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if out.returncode == 0:
+            break
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     ref = reference_run(model, 8, 8, 2, seed=SEED)
