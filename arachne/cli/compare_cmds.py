@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
             raise InputError("", "--precision", f"expected bf16, fp16 or fp32, got {precision!r}")
         if plot is not None and (plot.is_dir() or not plot.parent.exists()):
             raise InputError(str(plot), "--plot", "expected a file path in an existing directory")
+        if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
+            raise InputError(str(plot), "--plot", "unsupported image format; use .png, .svg, .pdf or .jpg")
         cl = load_cluster(cluster)
         spec = load_model(model, "", "--model")
         names = parse_planners(planners, spec)
