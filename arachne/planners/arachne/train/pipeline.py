@@ -95,12 +95,7 @@ def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None =
     info["node_sizes_seen"] = sorted({n["gpus_per_node"] for p in problems for n in p.cluster_doc["nodes"]})
     info["max_gpus_seen"] = max(sum(n["count"] * n["gpus_per_node"] for n in p.cluster_doc["nodes"]) for p in problems)
     info["wall_time_s"] = time.perf_counter() - t0
-    policy.info = info
-    out_dir.mkdir(parents=True, exist_ok=True)
-    policy.save(out_dir / "policy.npz")
-    (out_dir / "report.json").write_text(json.dumps(info, indent=1))
-    plot_curve(info, out_dir / "curve.png")
-    return policy, info
+    return write_outputs(policy, info, out_dir)
 
 
 def save_records(path: Path, train: list[Record], val: list[Record]) -> None:
@@ -132,6 +127,11 @@ def retrain(data: Path, cfg: PipelineConfig, out_dir: Path, info_from: dict | No
     policy, curve = train_policy(train_records, val_records, cfg.train, info)
     info["rounds"] = [{"round": 1, "decisions": len(train_records), "curve": curve}]
     info["decisions"] = len(train_records)
+    return write_outputs(policy, info, out_dir)
+
+
+def write_outputs(policy: Policy, info: dict, out_dir: Path) -> tuple[Policy, dict]:
+    """policy.npz (weights + info), report.json and curve.png in ``out_dir``."""
     policy.info = info
     out_dir.mkdir(parents=True, exist_ok=True)
     policy.save(out_dir / "policy.npz")
