@@ -141,7 +141,7 @@ def ablation(args) -> None:
             r = {"cluster": cname, "model": model}
             for mode in ("policy", "random", "floor"):
                 res = run("arachne", cl, model, job, 60, mode=mode, k=args.k, use_refine=False, use_floor=False,
-                          polish_s=0.0)
+                          use_polish=False)
                 r[mode] = res["tokens_per_s"]
             best = max(r["policy"], r["random"], r["floor"])
             if best <= 0:

@@ -122,6 +122,11 @@ class CostModel:
         self.estimates = 0  # plans priced so far (planners report it)
         self._sig_cache: dict[tuple, tuple] = {}
         self._mem_cache: dict[tuple, MemoryBreakdown] = {}
+        self._pipe_cache: dict[tuple, tuple] = {}
+        self._leader_nodes: dict[tuple, tuple] = {}
+        self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw)
+                            for n in cluster.nodes}
+        self._dev_node = {d: dev.node.name for d, dev in cluster.devices.items()}
 
     # ---- helpers --------------------------------------------------------------------------------
     def resolve_model(self, plan: Plan) -> ModelSpec:
@@ -269,46 +274,97 @@ class CostModel:
                                  zero_shards if plan.zero_stage == 1 else 1, replicated, st.recompute)
 
     # ---- data-parallel synchronisation ---------------------------------------------------------
-    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[str, float], dict[tuple[int, int], int]]:
-        """Per-device gradient all-reduce time, and per (pipeline, stage) the number of replicas."""
+    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], int]]:
+        """Per (pipeline, stage) the gradient all-reduce time, and the number of replicas of its layers."""
         prec = plan.precision
         grad_b = 4.0 if prec == "fp32" else 2.0
         L = model.num_layers
         # segment boundaries: every stage boundary of every pipeline
-        bounds = sorted({0, L} | {st.layers[0] for p in plan.pipelines for st in p.stages})
-        starts = [[st.layers[0] for st in p.stages] for p in plan.pipelines]
-        per_dev: dict[str, float] = defaultdict(float)
-        replicas: dict[tuple[int, int], int] = {}
+        starts = [tuple(st.layers[0] for st in p.stages) for p in plan.pipelines]
+        bounds = sorted({0, L}.union(*starts))
+        # pipelines with the same stage boundaries hold the same layers stage by stage: aggregate them
+        shapes: dict[tuple[int, ...], list[int]] = {}
+        for pi, st_starts in enumerate(starts):
+            shapes.setdefault(st_starts, []).append(pi)
+        agg = []  # per shape, per stage: (dp sum, min tp, max tp, min ep, max ep, leader nodes)
+        for st_starts, pis in shapes.items():
+            rows = []
+            for si in range(len(st_starts)):
+                sts = [plan.pipelines[pi].stages[si] for pi in pis]
+                nodes: dict[str, int] = defaultdict(int)
+                for st in sts:
+                    for n, k in self._group_leader_nodes(st):
+                        nodes[n] += k
+                tps, eps = [st.tp for st in sts], [st.ep for st in sts]
+                rows.append((sum(st.dp_size for st in sts), min(tps), max(tps), min(eps), max(eps), nodes))
+            agg.append((st_starts, rows, [0] * len(st_starts), [0.0] * len(st_starts)))
         for lo, hi in zip(bounds, bounds[1:]):
-            holders: list[tuple[int, int, Stage]] = []
-            for pi, p in enumerate(plan.pipelines):
-                si = bisect.bisect_right(starts[pi], lo) - 1
-                holders.append((pi, si, p.stages[si]))
-            groups = [grp for _, _, st in holders for grp in st.groups()]
-            D = len(groups)
-            for pi, si, _ in holders:
-                replicas[(pi, si)] = min(replicas.get((pi, si), D), D)
+            held = [(k, bisect.bisect_right(a[0], lo) - 1) for k, a in enumerate(agg)]
+            parts = [agg[k][1][si] for k, si in held]
+            D = sum(r[0] for r in parts)
+            for k, si in held:
+                mins = agg[k][2]
+                mins[si] = D if mins[si] == 0 else min(mins[si], D)
             if D <= 1:
                 continue
-            min_tp = min(st.tp for _, _, st in holders)
-            max_tp = max(st.tp for _, _, st in holders)
+            min_tp = min(r[1] for r in parts)
+            max_tp = max(r[2] for r in parts)
             dense = sum(model.block_params(i) - model.block_expert_params(i) for i in range(lo, hi))
             expert = sum(model.block_expert_params(i) for i in range(lo, hi))
             if lo == 0:
                 dense += model.embedding_params(min_tp)
             if hi == L:
                 dense += model.head_params(min_tp)
-            ring = [grp[0] for grp in groups]
-            t = self.network.all_reduce_time(ring, dense / min_tp * grad_b, concurrent=max_tp)
+            if len(parts) == 1:
+                nodes = parts[0][5]
+            else:
+                nodes = defaultdict(int)
+                for r in parts:
+                    for n, k in r[5].items():
+                        nodes[n] += k
+            t = self.network.ring_all_reduce_time(D, nodes, dense / min_tp * grad_b, concurrent=max_tp)
             if expert:
-                ep = max(st.ep for _, _, st in holders)
-                ering = ring[::ep] if ep > 1 else ring
-                ep_bytes = expert / (min_tp * min(st.ep for _, _, st in holders)) * grad_b
-                t += self.network.all_reduce_time(ering, ep_bytes, concurrent=max_tp)
-            for grp in groups:
-                for d in grp:
-                    per_dev[d] += t
-        return per_dev, replicas
+                ep = max(r[4] for r in parts)
+                ep_bytes = expert / (min_tp * min(r[3] for r in parts)) * grad_b
+                if ep > 1:  # the expert rings: every ep-th group leader, in pipeline order
+                    groups = []
+                    for pi, p in enumerate(plan.pipelines):
+                        groups += p.stages[bisect.bisect_right(starts[pi], lo) - 1].groups()
+                    t += self.network.all_reduce_time([grp[0] for grp in groups][::ep], ep_bytes, concurrent=max_tp)
+                else:
+                    t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, concurrent=max_tp)
+            for k, si in held:
+                agg[k][3][si] += t
+        per_stage: dict[tuple[int, int], float] = {}
+        replicas: dict[tuple[int, int], int] = {}
+        for (st_starts, _, mins, times), pis in zip(agg, shapes.values()):
+            for pi in pis:
+                for si in range(len(st_starts)):
+                    replicas[(pi, si)] = mins[si]
+                    per_stage[(pi, si)] = times[si]
+        return per_stage, replicas
+
+    def _group_leader_nodes(self, st: Stage) -> tuple[tuple[str, int], ...]:
+        """(node, count) of the first device of each of the stage's TP groups (they join the DP rings)."""
+        key = (st.devices, st.tp)
+        hit = self._leader_nodes.get(key)
+        if hit is None:
+            c: dict[str, int] = defaultdict(int)
+            for grp in st.groups():
+                c[self._dev_node[grp[0]]] += 1
+            hit = self._leader_nodes[key] = tuple(c.items())
+        return hit
+
+    def _pipeline_signature(self, p) -> tuple:
+        """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
+        (time, transfers and memory depend on node classes and which stages share a node, not names)."""
+        local: dict[str, int] = {}
+        dev_node = self._dev_node
+        parts = []
+        for st in p.stages:
+            ids = tuple(local.setdefault(dev_node[d], len(local)) for d in st.devices)
+            parts.append((st.layers, st.tp, st.dp_size, st.ep, st.recompute, ids))
+        return tuple(parts), tuple(self._node_class[n] for n in local)
 
     # ---- the estimate ---------------------------------------------------------------------------
     def estimate(self, plan: Plan, validate: bool = True) -> Estimate:
@@ -319,47 +375,39 @@ class CostModel:
             validate_plan(plan, self.cluster, model)
         devs = self.cluster.devices
         prec = plan.precision
-        sync_dev, replicas = self._sync(model, plan)
+        sync_stage, replicas = self._sync(model, plan)
         stages_out: list[StageEstimate] = []
         peak: dict[str, float] = {}
         detail: dict[str, MemoryBreakdown] = {}
         fits = True
         worst_pp = -1.0
         crit = None
+        t_opt = 0.0
         for pi, p in enumerate(plan.pipelines):
             S = len(p.stages)
             mbs = plan.mbs(p)
-            rows = []
+            reps = tuple(replicas.get((pi, si), 1) for si in range(S))
+            key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
+                   plan.sequence_length, plan.zero_stage)
+            hit = self._pipe_cache.get(key)
+            if hit is None:
+                hit = self._pipe_cache[key] = self._price_pipeline(model, plan, p, mbs, reps)
+            rows, send_f, send_b, T, mems, opt = hit
+            t_opt = max(t_opt, opt)
             for si, st in enumerate(p.stages):
-                fwd, bwd, comp, tpc, epc, gname, src = self._stage(model, st, si == 0, si == S - 1, mbs, plan)
-                rows.append([fwd, bwd, comp, tpc, epc, gname, src])
-            act = mbs * plan.sequence_length * model.hidden_size * act_bytes(prec)
-            send_f = [0.0] * S
-            send_b = [0.0] * S
-            for si in range(S - 1):
-                t = self.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
-                send_f[si] = t
-                send_b[si + 1] = t
-            T = pipeline_time(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(send_f),
-                              tuple(send_b), p.micro_batches, plan.schedule)
-            for si, st in enumerate(p.stages):
-                D = replicas.get((pi, si), 1)
-                mem = self._memory(model, plan, st, si, S, p.micro_batches, mbs, D, D > 1)
+                mem, cap = mems[si]
                 total = mem.total
-                cap = min(devs[d].gpu.memory_bytes for d in st.devices)
                 for d in st.devices:
                     peak[d] = total
                     detail[d] = mem
                 if total > cap:
                     fits = False
-                worst_mem = total
                 r = rows[si]
                 stages_out.append(StageEstimate(pi, si, r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1],
-                                                r[2], r[3], r[4], send_f[si], send_b[si], worst_mem, cap, r[6]))
+                                                r[2], r[3], r[4], send_f[si], send_b[si], total, cap, r[6]))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
-        t_sync = max(sync_dev.values(), default=0.0)
-        t_opt = self._optimizer_time(model, plan, replicas)
+        t_sync = max(sync_stage.values(), default=0.0)
         iteration = worst_pp + t_sync + t_opt
         # breakdown of the critical pipeline, by its bottleneck stage
         pi, rows, send_f, send_b, m = crit
@@ -387,20 +435,45 @@ class CostModel:
             stages=stages_out, memory_detail=detail,
         )
 
+    def _price_pipeline(self, model: ModelSpec, plan: Plan, p, mbs: int, reps: tuple[int, ...]) -> tuple:
+        """Per stage times and (memory, capacity), the transfers and the schedule's time of one pipeline."""
+        devs = self.cluster.devices
+        S = len(p.stages)
+        rows = [self._stage(model, st, si == 0, si == S - 1, mbs, plan) for si, st in enumerate(p.stages)]
+        act = mbs * plan.sequence_length * model.hidden_size * act_bytes(plan.precision)
+        send_f = [0.0] * S
+        send_b = [0.0] * S
+        for si in range(S - 1):
+            t = self.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
+            send_f[si] = t
+            send_b[si + 1] = t
+        T = pipeline_time(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(send_f),
+                          tuple(send_b), p.micro_batches, plan.schedule)
+        mems = []
+        for si, st in enumerate(p.stages):
+            D = reps[si]
+            mem = self._memory(model, plan, st, si, S, p.micro_batches, mbs, D, D > 1)
+            mems.append((mem, min(devs[d].gpu.memory_bytes for d in st.devices)))
+        return rows, send_f, send_b, T, mems, self._pipeline_optimizer_time(model, plan, p, reps)
+
     def _optimizer_time(self, model: ModelSpec, plan: Plan, replicas: dict[tuple[int, int], int]) -> float:
         """Adam step: HBM traffic over the parameters each device updates (ZeRO-1: its shard)."""
+        return max((self._pipeline_optimizer_time(model, plan, p, tuple(replicas.get((pi, si), 1)
+                                                                         for si in range(len(p.stages))))
+                    for pi, p in enumerate(plan.pipelines)), default=0.0)
+
+    def _pipeline_optimizer_time(self, model: ModelSpec, plan: Plan, p, reps: tuple[int, ...]) -> float:
         cal = self.cal.memory
         per_param = cal.optimizer_bytes_per_param_fp32 if plan.precision == "fp32" else cal.optimizer_bytes_per_param_mixed
         worst = 0.0
         devs = self.cluster.devices
-        for pi, p in enumerate(plan.pipelines):
-            S = len(p.stages)
-            for si, st in enumerate(p.stages):
-                params = _stage_params_cached(model, st.layers[0], st.layers[1], si == 0, si == S - 1, S, st.tp, st.ep)
-                if plan.zero_stage == 1:
-                    params /= replicas.get((pi, si), 1)
-                hbm = min(devs[d].gpu.hbm_bandwidth for d in st.devices)
-                worst = max(worst, params * per_param / (hbm * cal.optimizer_hbm_efficiency))
+        S = len(p.stages)
+        for si, st in enumerate(p.stages):
+            params = _stage_params_cached(model, st.layers[0], st.layers[1], si == 0, si == S - 1, S, st.tp, st.ep)
+            if plan.zero_stage == 1:
+                params /= reps[si]
+            hbm = min(devs[d].gpu.hbm_bandwidth for d in st.devices)
+            worst = max(worst, params * per_param / (hbm * cal.optimizer_hbm_efficiency))
         return worst
 
 

@@ -82,10 +82,16 @@ class Network:
 
         Members on one node reduce-scatter over the intra-node link first, the shards are
         all-reduced across nodes, then gathered back (hierarchical); one node: a plain ring."""
-        n = len(devices)
+        if len(devices) <= 1 or nbytes <= 0:
+            return 0.0
+        return self.ring_all_reduce_time(len(devices), Counter(self.node_of(d).name for d in devices), nbytes,
+                                         concurrent)
+
+    def ring_all_reduce_time(self, n: int, nodes: dict[str, int], nbytes: float, concurrent: int = 1) -> float:
+        """:meth:`all_reduce_time` for a ring of ``n`` members given as members per node."""
         if n <= 1 or nbytes <= 0:
             return 0.0
-        nodes, intra_bw = self._layout(devices)
+        intra_bw = min(self.cluster.node_by_name[name].intra_node_bw for name in nodes)
         lat_i, lat_x = self.cal.intra_node_latency_s, self.cal.inter_node_latency_s
         k = max(nodes.values())
         t = 0.0

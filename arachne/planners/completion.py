@@ -66,6 +66,7 @@ class PlanningContext:
     classes: list[DeviceClass] = field(default_factory=list)
     memory_headroom: float = 1.0  # the cost model already charges allocator reserve
     closest_unfit: tuple[float, str] | None = None  # (worst used/capacity, description) of the nearest miss
+    found_fit: bool = False  # a priced plan fits: no more pricing only to explain a failure
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
@@ -188,17 +189,21 @@ def share_micro_batches(periods: list[float], fills: list[float], total: int) ->
     if n == 0:
         return []
 
-    def counts(T: float) -> list[int]:
-        return [max(0, int((T - f) / p) + 1) if T >= f else 0 for p, f in zip(periods, fills)]
+    kinds: dict[tuple[float, float], int] = {}  # replicas of one shape share (period, fill)
+    for pf in zip(periods, fills):
+        kinds[pf] = kinds.get(pf, 0) + 1
+
+    def total_at(T: float) -> int:
+        return sum(k * (int((T - f) / p) + 1) for (p, f), k in kinds.items() if T >= f)
 
     lo, hi = 0.0, max(f + (total - 1) * p for p, f in zip(periods, fills))
     for _ in range(60):
         mid = (lo + hi) / 2
-        if sum(counts(mid)) >= total:
+        if total_at(mid) >= total:
             hi = mid
         else:
             lo = mid
-    c = counts(hi)
+    c = [max(0, int((hi - f) / p) + 1) if hi >= f else 0 for p, f in zip(periods, fills)]
     extra = sum(c) - total
     while extra > 0:  # trim from the pipelines that finish last
         i = max((i for i in range(n) if c[i] > 0), key=lambda i: (c[i] - 1) * periods[i] + fills[i])
@@ -286,7 +291,7 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
         profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
         r = split_layers(profs, L, m_est)
         if r is None:
-            if ctx.closest_unfit is None or ctx.closest_unfit[0] > 1:
+            if not ctx.found_fit and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
                 _note_even_split(template, ctx, mbs, recompute, placement)
             return None
         split, _ = r
@@ -304,10 +309,11 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
             k += 1
             if m <= 0:
                 continue
-            stages = tuple(Stage(layers=ab, devices=devs, tp=s.tp, dp=s.dp if s.dp > 1 else None, ep=s.ep,
-                                 recompute=recompute)
+            # built from validated parts by construction: skip pydantic's per-field validation
+            stages = tuple(Stage.model_construct(layers=ab, devices=devs, tp=s.tp, dp=s.dp if s.dp > 1 else None,
+                                                 ep=s.ep, recompute=recompute)
                            for ab, devs, s in zip(splits[gi], placement[gi][r], g.slots))
-            pipelines.append(Pipeline(micro_batches=m, stages=stages))
+            pipelines.append(Pipeline.model_construct(micro_batches=m, stages=stages))
     if not pipelines:
         return None
     replicated = len(pipelines) > 1 or any(s.dp > 1 for g in template.groups for s in g.slots)
@@ -390,6 +396,7 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
                 ctx.note_unfit(est)
             elif best is None or est.iteration_time_s < best[1].iteration_time_s:
                 best = (plan, est)
+                ctx.found_fit = True
         if best is not None:
             break  # recomputation only when nothing fits without it
     return best

@@ -25,20 +25,25 @@ class ArachnePlanner:
 
     name = "arachne"
 
-    def __init__(self, k: int = 24, mode: str = "policy", refine_s: float = 0.4, floor_actions: int = 0,
-                 teacher_beam: int = 2, policy: Policy | None = None, use_refine: bool = True,
-                 polish_s: float = 0.25, use_floor: bool = True, target_s: float = 1.0):
-        self.k, self.mode, self.refine_s = k, mode, refine_s
+    def __init__(self, k: int = 24, mode: str = "policy", floor_actions: int = 0, teacher_beam: int = 2,
+                 policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
+                 use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
+                 teacher_share: float = 0.5):
+        self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
         self.use_refine = use_refine
-        self.polish_s = polish_s
         self.use_floor = use_floor
-        self.target_s = target_s
+        self.use_polish = use_polish and mode != "random"  # the ablation's random mode is left unpolished
+        self.target_s = target_s  # the whole run aims to end by then (or by the budget, if sooner)
+        self.polish_share = polish_share  # of the target, kept for moving stage boundaries at the end
+        self.teacher_share = teacher_share  # of the spare time, for the priced teacher (the rest: refine)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
         deadline = budget.deadline()
+        target = min(self.target_s, deadline.seconds)
+        polish_at = target * (1 - self.polish_share) if self.use_polish else target
         ctx = PlanningContext(cluster, model, job, cost_model)
         pricer = Pricer(ctx)
         stats = SearchStats()
@@ -62,32 +67,33 @@ class ArachnePlanner:
                 pricer.price_state(st)
                 advance(1)
             best = pricer.best()
-            if mode == "policy" and self.use_floor and not deadline.expired():
-                # the priced teacher as a safety net: always when nothing fits yet, otherwise while the
-                # latency target allows (small clusters price quickly)
-                spare = self.target_s - deadline.elapsed
-                if best is None or spare > 0.2:
-                    limit = deadline.remaining if best is None else min(spare, deadline.remaining)
-                    teacher_search(ctx, pricer, self.teacher_beam, Deadline(limit))
-                    best = pricer.best()
-                if best is None:  # memory is tight: walk the whole template space while the budget lasts
+            if best is None and mode != "random" and not deadline.expired():
+                # memory is tight: the priced teacher, then the whole template space, while the budget lasts
+                teacher_search(ctx, pricer, self.teacher_beam, deadline)
+                best = pricer.best()
+                if best is None:
                     from arachne.planners.exhaustive import all_states
 
                     for st in all_states(ctx):
-                        if deadline.expired():
+                        if deadline.expired() or pricer.price_state(st) > 0:
                             break
-                        if pricer.price_state(st) > 0:
-                            break
+                    best = pricer.best()
+            elif best is not None and mode == "policy" and self.use_floor:
+                # the priced teacher as a safety net, for a share of what the latency target leaves
+                spare = polish_at - deadline.elapsed
+                if spare > 0.05:
+                    teacher_search(ctx, pricer, self.teacher_beam,
+                                   Deadline(min(spare * self.teacher_share, deadline.remaining)))
                     best = pricer.best()
             if best is not None and self.use_refine and mode != "random":
                 start = pricer.states.get(best[0])
                 if start is not None:
-                    sub = Deadline(min(max(self.refine_s, self.target_s - deadline.elapsed), deadline.remaining))
-                    refine(ctx, pricer, start, sub)
+                    refine(ctx, pricer, start, Deadline(min(max(0.0, polish_at - deadline.elapsed),
+                                                            deadline.remaining)))
         ranked = sorted((r for r in pricer.cache.values() if r is not None),
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
-        if ranked and mode != "random":
-            sub = Deadline(min(self.polish_s, deadline.remaining))
+        if ranked and self.use_polish:
+            sub = Deadline(min(max(0.05, target - deadline.elapsed), deadline.remaining))
             for plan, est in list(ranked[:3]):
                 polished = polish_splits(plan, est, cost_model, deadline=sub)
                 if polished[0] is not plan:
