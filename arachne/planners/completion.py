@@ -216,46 +216,67 @@ def share_micro_batches(periods: list[float], fills: list[float], total: int) ->
     return c
 
 
-def place(template: Template, ctx: PlanningContext) -> list[list[list[tuple[str, ...]]]] | None:
-    """Devices for every (group, replica, slot): TP groups inside a node, replicas packed in order."""
+def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> list[list[list[tuple[str, ...]]]] | None:
+    """Devices for every (group, replica, slot): TP groups inside a node, packed in order.
+
+    ``order="pipeline"`` packs each replica's stages next to each other (cheap point-to-point);
+    ``"stage"`` packs the same stage of all replicas together (cheap gradient all-reduce, as
+    Megatron's tp-dp-pp rank order does)."""
     free: dict[int, list[list[str]]] = {}
     for c in ctx.classes:
         free[c.index] = [[f"{n}:{i}" for i in range(c.node_size)] for n in c.nodes]
     cursor = {c.index: 0 for c in ctx.classes}
-    out = []
+
+    def take(slot) -> tuple[str, ...] | None:
+        c = ctx.classes[slot.cls]
+        need = slot.gpus
+        nodes = free[slot.cls]
+        i = cursor[slot.cls]
+        if need >= c.node_size:
+            k = need // c.node_size
+            while i < len(nodes) and len(nodes[i]) != c.node_size:
+                i += 1
+            j = i
+            while j < len(nodes) and j - i < k and len(nodes[j]) == c.node_size:
+                j += 1
+            if j - i < k:
+                return None
+            devs = [d for n in nodes[i:j] for d in n]
+            for n in nodes[i:j]:
+                n.clear()
+            cursor[slot.cls] = j
+        else:
+            while i < len(nodes) and len(nodes[i]) < need:
+                i += 1
+            if i >= len(nodes):
+                return None
+            devs = nodes[i][:need]
+            del nodes[i][:need]
+            cursor[slot.cls] = i
+        return tuple(devs)
+
+    out: list[list[list[tuple[str, ...]]]] = []
     for g in template.groups:
-        reps = []
-        for _ in range(g.replicas):
-            stages = []
-            for slot in g.slots:
-                c = ctx.classes[slot.cls]
-                need = slot.gpus
-                nodes = free[slot.cls]
-                i = cursor[slot.cls]
-                if need >= c.node_size:
-                    k = need // c.node_size
-                    while i < len(nodes) and len(nodes[i]) != c.node_size:
-                        i += 1
-                    j = i
-                    while j < len(nodes) and j - i < k and len(nodes[j]) == c.node_size:
-                        j += 1
-                    if j - i < k:
-                        return None
-                    devs = [d for n in nodes[i:j] for d in n]
-                    for n in nodes[i:j]:
-                        n.clear()
-                    cursor[slot.cls] = j
-                else:
-                    while i < len(nodes) and len(nodes[i]) < need:
-                        i += 1
-                    if i >= len(nodes):
-                        return None
-                    devs = nodes[i][:need]
-                    del nodes[i][:need]
-                    cursor[slot.cls] = i
-                stages.append(tuple(devs))
-            reps.append(stages)
+        reps: list[list[tuple[str, ...]]] = [[()] * g.num_stages for _ in range(g.replicas)]
+        cells = ([(r, j) for r in range(g.replicas) for j in range(g.num_stages)] if order == "pipeline"
+                 else [(r, j) for j in range(g.num_stages) for r in range(g.replicas)])
+        for r, j in cells:
+            devs = take(g.slots[j])
+            if devs is None:
+                return None
+            reps[r][j] = devs
         out.append(reps)
+    return out
+
+
+def placements(template: Template, ctx: PlanningContext) -> list[list[list[list[tuple[str, ...]]]]]:
+    """The placements worth pricing: pipeline order, and stage order where replicas of a stage
+    smaller than a node could share nodes."""
+    out = [p for p in (place(template, ctx),) if p is not None]
+    if any(g.replicas > 1 and any(s.gpus < ctx.classes[s.cls].node_size for s in g.slots) for g in template.groups):
+        alt = place(template, ctx, "stage")
+        if alt is not None and alt not in out:
+            out.append(alt)
     return out
 
 
@@ -374,15 +395,15 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     (by the completion's own time model; all when None) with the cost model, with recomputation only
     where memory demands it; the fastest plan that fits, or None."""
     template = cap_replicas(template, ctx.job.global_batch_size)
-    placement = place(template, ctx)
-    if placement is None:
+    layouts = placements(template, ctx)
+    if not layouts:
         return None
     options = mbs_options or mbs_candidates(template, ctx.job)
     best: tuple[Plan, Estimate] | None = None
     for recompute in (False, True):
         cands = []
         for mbs in options:
-            r = complete_with_time(template, ctx, mbs, recompute, placement)
+            r = complete_with_time(template, ctx, mbs, recompute, layouts[0])
             if r is not None:
                 cands.append((r[1], mbs, r[0]))
         cands.sort(key=lambda c: c[0])
@@ -390,25 +411,29 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
         for _, mbs, plan in cands:
             if max_priced is not None and priced >= max_priced and best is not None:
                 break
-            est = ctx.cost_model.estimate(plan, validate=False)
             priced += 1
-            if not est.fits:
-                ctx.note_unfit(est)
-            elif best is None or est.iteration_time_s < best[1].iteration_time_s:
-                best = (plan, est)
-                ctx.found_fit = True
+            variants = [plan] + [p for p in (complete(template, ctx, mbs, recompute, alt) for alt in layouts[1:])
+                                 if p is not None]
+            for cand in variants:
+                est = ctx.cost_model.estimate(cand, validate=False)
+                if not est.fits:
+                    ctx.note_unfit(est)
+                elif best is None or est.iteration_time_s < best[1].iteration_time_s:
+                    best = (cand, est)
+                    ctx.found_fit = True
         if best is not None:
             break  # recomputation only when nothing fits without it
     return best
 
 
-def split_neighbours(plan: Plan, radius: int, limit: int):
+def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):
     """Plans whose stage boundaries move by up to ``radius`` layers (the same move in every replica of a
     pipeline shape): one boundary at a time, or two neighbouring boundaries together (a stage shifts).
     A generator, linear in the number of stages."""
     shapes: dict[tuple, list[int]] = {}
     for i, p in enumerate(plan.pipelines):
-        key = tuple((s.devices[0].split(":")[0], s.tp, s.dp_size) for s in p.stages)
+        key = tuple((gpu_of(s.devices[0]) if gpu_of else s.devices[0].split(":")[0], s.tp, s.dp_size, s.layers)
+                    for s in p.stages)
         shapes.setdefault((len(p.stages), key), []).append(i)
     made = 0
     for idxs in shapes.values():
@@ -442,7 +467,7 @@ def polish_splits(plan: Plan, est: Estimate, cost_model: CostModel, radius: int 
     improved = True
     while improved:
         improved = False
-        for cand in split_neighbours(best[0], radius, limit):
+        for cand in split_neighbours(best[0], radius, limit, lambda d: cost_model.cluster.devices[d].gpu.name):
             if deadline is not None and deadline.expired():
                 return best
             e = cost_model.estimate(cand, validate=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import zip_longest
+
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.features import FeatureBuilder
@@ -28,7 +30,7 @@ class ArachnePlanner:
     def __init__(self, k: int = 24, mode: str = "policy", floor_actions: int = 0, teacher_beam: int = 2,
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
                  use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
-                 teacher_share: float = 0.5):
+                 teacher_share: float = 0.5, phase1_share: float = 0.6):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -38,6 +40,7 @@ class ArachnePlanner:
         self.target_s = target_s  # the whole run aims to end by then (or by the budget, if sooner)
         self.polish_share = polish_share  # of the target, kept for moving stage boundaries at the end
         self.teacher_share = teacher_share  # of the spare time, for the priced teacher (the rest: refine)
+        self.phase1_share = phase1_share  # of the target, for pricing the proposals (large clusters)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -51,18 +54,27 @@ class ArachnePlanner:
         mode = self.mode if (self.mode != "policy" or policy is not None) else "teacher"
         stats.notes["mode"] = mode
         with progress_bar(budget.progress, "arachne: pricing templates") as advance:
-            states: list[State] = []
+            # phase 1, within its share of the target: the floor's homogeneous and all-classes templates,
+            # then the policy's proposals interleaved with the mixed-pipeline rules
+            phase1 = Deadline(min(deadline.remaining, max(0.0, target * self.phase1_share - deadline.elapsed)))
+            proposed: list[State] = []
             if mode == "policy":
-                states += policy_search(ctx, policy, self.k, FeatureBuilder(ctx), deadline)
+                proposed = policy_search(ctx, policy, self.k, FeatureBuilder(ctx), deadline)
             elif mode == "random":
-                states += random_states(ctx, self.k, budget.seed)
+                proposed = random_states(ctx, self.k, budget.seed)
+            floor: list[State] = []
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
-                states += floor_states(ctx, pricer, deadline, self.floor_actions)
+                floor = floor_states(ctx, pricer, deadline, self.floor_actions, price=False)
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
-            for st in states:
-                if deadline.expired():
-                    stats.timed_out = True
+            n_core = len(ctx.classes) + 1
+            mixed = floor[n_core:]
+            states = floor[:n_core] + [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
+            for i, st in enumerate(states):
+                # every proposal is priced on small problems; on large ones phase 1 stops at its share
+                if deadline.expired() or (phase1.expired() and i >= n_core and mode == "policy"):
+                    stats.timed_out = deadline.expired()
+                    stats.notes["phase1_priced"] = i
                     break
                 pricer.price_state(st)
                 advance(1)

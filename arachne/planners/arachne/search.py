@@ -12,7 +12,7 @@ from arachne.plan import Plan
 from arachne.planners.arachne.actions import Action, State, class_actions, mix_replica_options
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
-from arachne.planners.arachne.template import Template
+from arachne.planners.arachne.template import Template, tp_options
 from arachne.planners.base import Deadline
 from arachne.planners.completion import PlanningContext, price_template
 
@@ -122,10 +122,11 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
 
 
 def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None,
-                 max_actions: int = 0) -> list[State]:
+                 max_actions: int = 0, price: bool = True) -> list[State]:
     """Rule-based templates: per class the fewest stages that fit at tp 1 and at the largest in-node tp
     (priced alone; the better one is the class's homogeneous choice), then all classes together
-    (heterogeneous data parallelism), each class alone, and mixed pipelines by rule."""
+    (heterogeneous data parallelism), each class alone, and mixed pipelines by rule. With ``price``
+    the returned states are priced too (while the deadline lasts)."""
     classes, model = ctx.classes, ctx.model
     best_own: list[Action] = []
     for ci, c in enumerate(classes):
@@ -146,10 +147,11 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     for ci in range(len(classes)):
         states.append(State(0, tuple(a if i == ci else Action("skip") for i, a in enumerate(best_own))))
     states += mixed_floor_states(ctx)
-    for st in states:
-        if deadline is not None and deadline.expired():
-            break
-        pricer.price_state(st)
+    if price:
+        for st in states:
+            if deadline is not None and deadline.expired():
+                break
+            pricer.price_state(st)
     return states
 
 
@@ -189,30 +191,40 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
 
 
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
-    """Mixed pipelines by rule: ``R`` replicas, each class contributing stages in proportion to its GPUs."""
+    """Mixed pipelines by rule: ``R`` replicas, each class contributing stages in proportion to its
+    GPUs, at one tp level for all classes (capped by each class's node). More replicas first: their
+    pipelines are shorter (less bubble) and cheaper to price; fewer replicas matter when memory is tight."""
     classes, model = ctx.classes, ctx.model
-    L = model.num_layers
     out = []
-    for R in mix_replica_options(classes)[-3:]:
+    levels = sorted({t for c in classes for t in tp_options(model, c.node_size)})
+    for R in sorted(mix_replica_options(classes), reverse=True):
         if R == 0:
             continue
-        for tp in (1, 2):
-            acts = []
-            for c in classes:
-                t = min(tp, c.node_size)
-                if model.num_attention_heads % t or c.node_size % t:
-                    t = 1
-                acts.append((t, c.count // (R * t)))
-            total = sum(k for _, k in acts)
-            if total == 0:
-                continue
-            scale = min(1.0, L / total)
-            seq = tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
-                        for t, k in acts)
-            st = State(R, seq)
-            if not st.is_empty():
+        for tp in levels:
+            st = mixed_rule_state(ctx, R, tp)
+            if st is not None and st not in out:
                 out.append(st)
     return out
+
+
+def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, prefix: State | None = None) -> State | None:
+    """``prefix`` (or nothing) followed, for every later class, by ``mix`` stages of the largest valid tp
+    up to ``tp``, as many as the class's GPUs allow per replica, scaled down to the layer count."""
+    classes, model = ctx.classes, ctx.model
+    L = model.num_layers
+    done = prefix.actions if prefix is not None else ()
+    used = sum(a.stages for a in done if a.kind == "mix")
+    acts = []
+    for c in classes[len(done):]:
+        t = max(o for o in tp_options(model, c.node_size) if o <= tp) if tp_options(model, c.node_size) else 1
+        acts.append((t, c.count // (R * t)))
+    total = sum(k for _, k in acts)
+    if total == 0 and not any(a.kind == "mix" for a in done):
+        return None
+    scale = min(1.0, (L - used) / total) if total else 0.0
+    seq = tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip") for t, k in acts)
+    st = State(R, done + seq)
+    return None if st.is_empty() else st
 
 
 def _thin(acts: list[Action], n: int) -> list[Action]:
