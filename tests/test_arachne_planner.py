@@ -166,3 +166,40 @@ def test_training_labels_with_ray_when_installed(tmp_path):
     finally:
         ray.shutdown()
     assert len(out) == 2 and all(lab.best_tokens_per_s > 0 for lab in out)
+
+
+def test_stage_order_placement_packs_replicas_of_a_stage_together():
+    cl = cluster_from_dict({"name": "s", "nodes": [{"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 4}]})
+    ctx = ctx_for(cluster=cl)
+    tpl = Template((Group((Slot(0, 2, 1), Slot(0, 2, 1)), 2),))
+    by_pipe = place(tpl, ctx)[0]
+    by_stage = place(tpl, ctx, "stage")[0]
+    node = lambda devs: devs[0].split(":")[0]  # noqa: E731
+    assert node(by_pipe[0][0]) == node(by_pipe[0][1]) != node(by_pipe[1][0])  # a replica's stages share a node
+    assert node(by_stage[0][0]) == node(by_stage[1][0]) != node(by_stage[0][1])  # a stage's replicas share one
+    assert sorted(d for r in by_stage for s in r for d in s) == sorted(d for r in by_pipe for s in r for d in s)
+
+
+def test_stage_order_wins_when_gradient_sync_dominates():
+    """Many replicas of a large model on a slow network: the priced completion keeps the placement whose
+    all-reduce stays inside nodes."""
+    from arachne.planners.completion import placements, price_template
+
+    cl = cluster_from_dict({"name": "s", "nodes": [{"name": "a{i}", "count": 4, "gpu": "A100-80", "gpus_per_node": 8,
+                                                    "inter_node_gbps": 10}]})
+    ctx = ctx_for("LLaMA-2-7B", gbs=64, seq=1024, cluster=cl)
+    tpl = Template((Group(tuple(Slot(0, 2, 1) for _ in range(4)), 4),))
+    assert len(placements(tpl, ctx)) == 2
+    plan, est = price_template(tpl, ctx)
+    for p in plan.pipelines[1:]:  # stage 0 of every replica sits on the first stage's node
+        assert p.stages[0].devices[0].split(":")[0] == plan.pipelines[0].stages[0].devices[0].split(":")[0]
+
+
+def test_teacher_labels_value_decisions_by_their_best_completion():
+    from arachne.planners.arachne.train.teacher import _hindsight
+
+    a, b = Action("mix", 1, 1, 1, 2, 2), Action("mix", 1, 1, 1, 3, 2)
+    visited = {State(2, (a,)): 0.0, State(2, (a, b)): 5.0, State(2, (Action("skip"),)): 1.0}
+    h = _hindsight(visited, 2)
+    assert h[(2, (a,))] == 5.0  # the prefix alone does not fit, its completion does
+    assert h[(2, (Action("skip"),))] == 1.0 and h[(2, (Action("skip"), Action("skip")))] == 1.0

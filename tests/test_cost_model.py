@@ -293,3 +293,46 @@ def test_memory_falls_as_tp_or_stages_grow(mbs, precision, name):
         mem = cm.estimate(one_pipeline_plan(name, stages, gbs=8 * mbs, mbs=mbs, precision=precision)).max_memory_bytes
         assert prev is None or mem < prev
         prev = mem
+
+
+# ---- caches: a warm model prices exactly like a cold one -----------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 23), min_size=1, max_size=3, unique=True).map(sorted), st.sampled_from([1, 2]),
+       st.sampled_from([(0, 1), (1, 0), (1, 1)]), st.integers(1, 6))
+def test_warm_estimates_equal_cold_ones(splits, tp, kinds, m):
+    """Pipelines priced once per shape must not leak results between shapes that differ in node class,
+    in which stages share a node, in layers or in micro-batch counts."""
+    cl = two_type_cluster(per_node=4, nodes=4)
+    bounds = [0, *splits, 24]
+    pipes = []
+    for r, slow in enumerate(kinds):
+        prefix = "s" if slow else "f"
+        # two stages per node (they share it), pipeline r on nodes 2r and 2r+1 of its class
+        stages = tuple(Stage(layers=(a, b), devices=tuple(f"{prefix}{2 * r + i // 2}:{(i % 2) * tp + j}"
+                                                          for j in range(tp)), tp=tp)
+                       for i, (a, b) in enumerate(zip(bounds, bounds[1:])))
+        pipes.append(Pipeline(micro_batches=m + r, stages=stages))
+    plan = Plan(model="GPT-3-1.3B", global_batch_size=sum(p.micro_batches for p in pipes), sequence_length=1024,
+                micro_batch_size=1, zero_stage=1, pipelines=tuple(pipes))
+    warm = CostModel(cl)
+    for other in (_plan_from(splits, [tp], "f", 1, "bf16"), _plan_from(splits, [tp], "s", 1, "bf16")):
+        warm.estimate(other)
+    assert warm.estimate(plan).to_doc() == CostModel(cl).estimate(plan).to_doc()
+
+
+def test_identical_pipelines_on_different_nodes_price_the_same_and_classes_matter():
+    cl = two_type_cluster(per_node=4, nodes=2)
+    cm = CostModel(cl)
+
+    def pipe(node: str) -> Pipeline:
+        return Pipeline(micro_batches=4, stages=(Stage(layers=(0, 12), devices=(f"{node}:0", f"{node}:1"), tp=2),
+                                                 Stage(layers=(12, 24), devices=(f"{node}:2", f"{node}:3"), tp=2)))
+
+    plan = Plan(model="GPT-3-1.3B", global_batch_size=8, sequence_length=1024, micro_batch_size=1, zero_stage=1,
+                pipelines=(pipe("f0"), pipe("f1")))
+    est = cm.estimate(plan)
+    times = {(s.pipeline, s.stage): s.fwd_s + s.bwd_s for s in est.stages}
+    assert times[(0, 0)] == times[(1, 0)] and times[(0, 1)] == times[(1, 1)]
+    mixed = plan.model_copy(update={"pipelines": (pipe("f0"), pipe("s0"))})
+    st_mixed = {(s.pipeline, s.stage): s.fwd_s + s.bwd_s for s in cm.estimate(mixed).stages}
+    assert st_mixed[(1, 0)] > st_mixed[(0, 0)]  # the slow node's pipeline is not served from the fast one's cache

@@ -25,11 +25,13 @@ class Pricer:
     max_priced: int | None = 2  # candidates priced per template (None: every micro-batch size)
     cache: dict[Template, tuple[Plan, Estimate] | None] = field(default_factory=dict)
     states: dict[Template, State] = field(default_factory=dict)
+    visited: dict[State, float] = field(default_factory=dict)  # every decision sequence priced
 
     def price_state(self, st: State) -> float:
         tpl = st.template()
         self.states.setdefault(tpl, st)
-        return self.throughput(tpl)
+        v = self.visited[st] = self.throughput(tpl)
+        return v
 
     def __call__(self, tpl: Template) -> tuple[Plan, Estimate] | None:
         if not tpl.groups:
