@@ -101,6 +101,11 @@ CASES: list[Case] = [
     Case("a100-v100-256", CLUSTERS["a100-v100-256"], "OPT-350M", 1024, 2048),
     Case("hopper-ampere-512", CLUSTERS["hopper-ampere-512"], "LLaMA-2-70B", 1024, 4096),
     Case("hopper-ampere-512", CLUSTERS["hopper-ampere-512"], "GPT-3-1.3B", 2048, 2048),
+    # more MoE: memory-tight small GPUs on slow links, and large fast clusters
+    Case("a100-v100-24", CLUSTERS["a100-v100-24"], "Qwen1.5-MoE-A2.7B", 256, 2048),
+    Case("t4-a10g-64", CLUSTERS["t4-a10g-64"], "DeepSeek-MoE-16B", 256, 2048),
+    Case("a100-v100-256", CLUSTERS["a100-v100-256"], "Mixtral-8x7B", 1024, 4096),
+    Case("hopper-ampere-512", CLUSTERS["hopper-ampere-512"], "DeepSeek-MoE-16B", 2048, 4096),
 ]
 
 QUICK = [CASES[1], CASES[3], CASES[4], CASES[6]]
@@ -246,6 +251,8 @@ def hard_limit(args: argparse.Namespace) -> float:
 
 def grid(args: argparse.Namespace) -> None:
     cases = QUICK if args.quick else CASES
+    if args.cases:
+        cases = [c for c in cases if any(k in c.name for k in args.cases.split(","))]
     if args.time_budget is None:
         args.time_budget = 10.0 if args.quick else 30.0
     budget = SearchBudget(time_budget_s=args.time_budget, seed=args.seed)
@@ -283,6 +290,7 @@ def main() -> None:
     ap.add_argument("--time-budget", type=float, default=None,
                     help="planning budget per planner and case, s (default 30; 10 with --quick; 60 with --timing)")
     ap.add_argument("--quick", action="store_true", help="4 small cases (a couple of minutes)")
+    ap.add_argument("--cases", default="", help="only cases whose name contains one of these comma-separated strings")
     ap.add_argument("--timing", action="store_true", help="planning time of the search baselines at 64/256/512 GPUs")
     ap.add_argument("--timing-model", default="GPT-3-1.3B", help="model for --timing")
     ap.add_argument("--hard-limit", type=float, default=None,

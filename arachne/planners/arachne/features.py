@@ -85,7 +85,26 @@ class FeatureBuilder:
         return np.concatenate([self.global_vec, self._class_vec[ci], self._state(st), vec])
 
     def batch(self, st: State, actions: list[Action]) -> np.ndarray:
-        return np.stack([self.action(st, a) for a in actions])
+        """:meth:`action` for many actions at once (vectorised: the policy's beam search calls this a lot)."""
+        ci = st.step()
+        c = self.ctx.classes[ci]
+        moe = self.ctx.model.is_moe
+        raw = np.array([(a.kind == "skip", a.kind == "own", a.kind == "mix", a.tp, a.dp, a.ep, a.stages, a.replicas)
+                        for a in actions], dtype=np.float64).reshape(len(actions), 8)
+        kind, tp, dp, ep, stages, replicas = raw[:, :3], raw[:, 3], raw[:, 4], raw[:, 5], raw[:, 6], raw[:, 7]
+        skip, mix = kind[:, 0] > 0, kind[:, 2] > 0
+        ms = st.mixed_stages()
+        g = tp * dp
+        used = np.where(skip, 0.0, replicas * stages * g / c.count)
+        stages_total = np.where(skip, ms, stages + np.where(mix, ms, 0))
+        reps = np.where(skip, 0.0, replicas)
+        per_dev = self.state_bytes / np.maximum(1, stages_total) / (tp * (ep if moe else 1.0))
+        mem_press = np.where(skip, 0.0, per_dev / c.gpu.memory_bytes)
+        lg = lambda x: np.log2(np.maximum(x, 1e-12))  # noqa: E731
+        vec = np.column_stack([kind, lg(tp) / 4, lg(dp) / 4, lg(ep) / 4, stages / 32, stages_total / 32,
+                               lg(reps + 1) / 10, used, np.minimum(mem_press, 8.0) / 8, lg(mem_press + 1e-3) / 10])
+        head = np.concatenate([self.global_vec, self._class_vec[ci], self._state(st)])
+        return np.hstack([np.broadcast_to(head, (len(actions), head.size)), vec])
 
 
 FEATURE_DIM = 14 + 10 + 5 + 12

@@ -62,21 +62,23 @@ class ArachnePlanner:
                 proposed = policy_search(ctx, policy, self.k, FeatureBuilder(ctx), deadline)
             elif mode == "random":
                 proposed = random_states(ctx, self.k, budget.seed)
-            floor: list[State] = []
+            core: list[State] = []
+            mixed: list[State] = []
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
-                floor = floor_states(ctx, pricer, deadline, self.floor_actions, price=False)
+                core, mixed = floor_states(ctx, pricer, deadline, self.floor_actions, price=False)
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
-            n_core = len(ctx.classes) + 1
-            mixed = floor[n_core:]
-            states = floor[:n_core] + [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
+            n_core = len(core)
+            states = core + [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
+            found = False
             for i, st in enumerate(states):
-                # every proposal is priced on small problems; on large ones phase 1 stops at its share
-                if deadline.expired() or (phase1.expired() and i >= n_core and mode == "policy"):
+                # every proposal is priced on small problems; on large ones phase 1 stops at its share.
+                # Past the budget, pricing goes on only until one plan fits (a plan beats a timeout).
+                if found and (deadline.expired() or (phase1.expired() and i >= n_core and mode == "policy")):
                     stats.timed_out = deadline.expired()
                     stats.notes["phase1_priced"] = i
                     break
-                pricer.price_state(st)
+                found = pricer.price_state(st) > 0 or found
                 advance(1)
             best = pricer.best()
             if best is None and mode != "random" and not deadline.expired():

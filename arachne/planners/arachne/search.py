@@ -124,11 +124,12 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
 
 
 def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None,
-                 max_actions: int = 0, price: bool = True) -> list[State]:
-    """Rule-based templates: per class the fewest stages that fit at tp 1 and at the largest in-node tp
-    (priced alone; the better one is the class's homogeneous choice), then all classes together
-    (heterogeneous data parallelism), each class alone, and mixed pipelines by rule. With ``price``
-    the returned states are priced too (while the deadline lasts)."""
+                 max_actions: int = 0, price: bool = True) -> tuple[list[State], list[State]]:
+    """Rule-based templates, as (core, mixed). Per class the fewest stages that fit at tp 1 and at the
+    largest in-node tp (priced alone; the better one is the class's homogeneous choice); the core is
+    then all classes together (heterogeneous data parallelism), the fastest j classes together (a
+    small batch is often trained faster without the slowest GPUs) and each class alone; mixed
+    pipelines by rule follow. With ``price`` all are priced too (while the deadline lasts)."""
     classes, model = ctx.classes, ctx.model
     best_own: list[Action] = []
     for ci, c in enumerate(classes):
@@ -139,22 +140,25 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
             cands += _thin(extra, max_actions)
         top, top_v = Action("skip"), 0.0
         for a in cands:
-            if deadline is not None and deadline.expired():
+            if deadline is not None and deadline.expired() and top_v > 0:
                 break
             v = pricer.price_state(prefix.push(a))
             if v > top_v:
                 top, top_v = a, v
         best_own.append(top)
-    states = [State(0, tuple(best_own))]
-    for ci in range(len(classes)):
-        states.append(State(0, tuple(a if i == ci else Action("skip") for i, a in enumerate(best_own))))
-    states += mixed_floor_states(ctx)
+    n = len(classes)
+    skips = tuple(Action("skip") for _ in range(n))
+    core = [State(0, tuple(best_own))]
+    core += [State(0, tuple(best_own[:j]) + skips[j:]) for j in range(n - 1, 1, -1)]
+    core += [State(0, skips[:ci] + (best_own[ci],) + skips[ci + 1:]) for ci in range(n)]
+    core = list(dict.fromkeys(st for st in core if not st.is_empty()))
+    mixed = mixed_floor_states(ctx)
     if price:
-        for st in states:
+        for st in core + mixed:
             if deadline is not None and deadline.expired():
                 break
             pricer.price_state(st)
-    return states
+    return core, mixed
 
 
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
