@@ -291,15 +291,27 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
                        placement=None) -> tuple[Plan, float] | None:
     """:func:`complete`, plus the completion's own time model of the pipelines (fill + steady state),
     used only to decide which candidates are worth pricing."""
+    placement = placement or place(template, ctx)
+    if placement is None:
+        return None
+    r = split_and_share(template, ctx, mbs, recompute, placement)
+    if r is None:
+        return None
+    plan = build_plan(template, ctx, mbs, recompute, placement, *r[:2])
+    return (plan, r[2]) if plan is not None else None
+
+
+def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recompute: bool,
+                    placement) -> tuple[list, list[int], float] | None:
+    """The rule part of completion, independent of placement: per group the layer split, per
+    pipeline its micro-batches, and the completion's own time model (None if it cannot complete).
+    ``placement`` is only used to explain a memory failure."""
     job, L = ctx.job, ctx.model.num_layers
     gbs = job.global_batch_size
     if gbs % mbs:
         return None
     M = gbs // mbs
     if any(mbs % s.dp for g in template.groups for s in g.slots):
-        return None
-    placement = placement or place(template, ctx)
-    if placement is None:
         return None
     n_pipes = sum(g.replicas for g in template.groups)
     if n_pipes > M:
@@ -322,6 +334,13 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
         fills.extend([sum(times)] * g.replicas)
     counts = share_micro_batches(periods, fills, M)
     quick = max(((m - 1) * p + f for m, p, f in zip(counts, periods, fills) if m > 0), default=float("inf"))
+    return splits, counts, quick
+
+
+def build_plan(template: Template, ctx: PlanningContext, mbs: int, recompute: bool, placement,
+               splits: list, counts: list[int]) -> Plan | None:
+    """The plan of a completed template on one placement."""
+    job = ctx.job
     pipelines = []
     k = 0
     for gi, g in enumerate(template.groups):
@@ -338,10 +357,9 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
     if not pipelines:
         return None
     replicated = len(pipelines) > 1 or any(s.dp > 1 for g in template.groups for s in g.slots)
-    plan = Plan(model=model_ref(ctx.model), global_batch_size=gbs, sequence_length=job.sequence_length,
-                micro_batch_size=mbs, precision=job.precision, zero_stage=1 if replicated else 0,
-                optimizer=job.optimizer, pipelines=tuple(pipelines))
-    return plan, quick
+    return Plan(model=model_ref(ctx.model), global_batch_size=job.global_batch_size,
+                sequence_length=job.sequence_length, micro_batch_size=mbs, precision=job.precision,
+                zero_stage=1 if replicated else 0, optimizer=job.optimizer, pipelines=tuple(pipelines))
 
 
 def cap_replicas(template: Template, max_pipelines: int) -> Template:
@@ -403,17 +421,17 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     for recompute in (False, True):
         cands = []
         for mbs in options:
-            r = complete_with_time(template, ctx, mbs, recompute, layouts[0])
+            r = split_and_share(template, ctx, mbs, recompute, layouts[0])
             if r is not None:
-                cands.append((r[1], mbs, r[0]))
+                cands.append((r[2], mbs, r))
         cands.sort(key=lambda c: c[0])
         priced = 0
-        for _, mbs, plan in cands:
+        for _, mbs, (splits, counts, _) in cands:
             if max_priced is not None and priced >= max_priced and best is not None:
                 break
             priced += 1
-            variants = [plan] + [p for p in (complete(template, ctx, mbs, recompute, alt) for alt in layouts[1:])
-                                 if p is not None]
+            variants = [p for p in (build_plan(template, ctx, mbs, recompute, lay, splits, counts) for lay in layouts)
+                        if p is not None]
             for cand in variants:
                 est = ctx.cost_model.estimate(cand, validate=False)
                 if not est.fits:
