@@ -194,12 +194,16 @@ def generalise(args) -> None:
     write(args.out, "generalise", rows)
 
 
+TIERS = (8, 32, 64, 128, 256, 512, 1024)
+
+
 def latency(args) -> None:
+    """Planning time vs cluster size, arachne and (``--baselines``) search baselines in the same run."""
     rng = random.Random(0)
     types = ["H100", "A100-80", "A100-40", "V100-16", "L4", "T4", "A10G", "H200"]
     rows = []
     planners = ["arachne"] + [p for p in (args.baselines or "").split(",") if p]
-    for n_gpus in (8, 32, 64, 128, 256, 512, 1024):
+    for n_gpus in TIERS:
         for n_types in (2, 4, 6):
             if n_types * 4 > n_gpus:
                 continue
@@ -217,12 +221,22 @@ def latency(args) -> None:
                 r[f"{p}_s"] = res["time_s"]
                 r[f"{p}_tok_s"] = res["tokens_per_s"]
             rows.append(r)
+    for r in rows:  # the fastest search baseline reaching arachne's quality (within 1%), and the speed-up
+        same = [(r[f"{p}_s"], p) for p in planners[1:] if r[f"{p}_tok_s"] >= 0.99 * r["arachne_tok_s"] > 0]
+        r["fastest_same_quality"] = min(same)[1] if same else "none"
+        r["speedup"] = min(same)[0] / r["arachne_s"] if same else float("nan")
     table("planning time vs cluster size (LLaMA-2-13B, one core)", rows)
-    by = {}
+    by: dict[int, list[float]] = {}
     for r in rows:
-        by.setdefault(r["gpus"], []).append(r["arachne_s"])
+        by.setdefault(min(TIERS, key=lambda t: abs(t - r["gpus"])), []).append(r["arachne_s"])
     console.print("arachne median planning time by size: " +
                   ", ".join(f"{k}: {statistics.median(v):.2f}s" for k, v in sorted(by.items())))
+    reached = [r["speedup"] for r in rows if math.isfinite(r["speedup"])]
+    if len(planners) > 1:
+        console.print(f"a search baseline reached arachne's throughput (within 1%) in {len(reached)}/{len(rows)} "
+                      f"cases; there arachne was {min(reached, default=float('nan')):.1f}x to "
+                      f"{max(reached, default=float('nan')):.1f}x faster (median "
+                      f"{statistics.median(reached) if reached else float('nan'):.1f}x)")
     write(args.out, "latency", rows)
 
 

@@ -18,7 +18,7 @@ from arachne.cost import CostModel, Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Plan, Stage
-from arachne.planners.arachne.template import DeviceClass, Group, Template, device_classes
+from arachne.planners.arachne.template import DeviceClass, Group, Slot, Template, device_classes
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec, model_ref
@@ -413,6 +413,35 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     (by the completion's own time model; all when None) with the cost model, with recomputation only
     where memory demands it; the fastest plan that fits, or None."""
     template = cap_replicas(template, ctx.job.global_batch_size)
+    best: tuple[Plan, Estimate] | None = None
+    for variant in stage_orders(template):
+        r = _price_variant(variant, ctx, mbs_options, max_priced)
+        if r is not None and (best is None or r[1].iteration_time_s < best[1].iteration_time_s):
+            best = r
+    return best
+
+
+def stage_orders(template: Template) -> list[Template]:
+    """The template, and with its mixed pipelines' classes in reverse order: fastest first puts the
+    output layer (large vocabularies need memory for the logits) on the slowest, often smallest, GPUs."""
+    out = [template]
+    if any(len({s.cls for s in g.slots}) > 1 for g in template.groups):
+        out.append(Template(tuple(Group(_reverse_classes(g.slots), g.replicas) for g in template.groups)))
+    return out
+
+
+def _reverse_classes(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:
+    runs: list[list[Slot]] = []
+    for s in slots:
+        if runs and runs[-1][0].cls == s.cls:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return tuple(s for run in reversed(runs) for s in run)
+
+
+def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[int] | None,
+                   max_priced: int | None) -> tuple[Plan, Estimate] | None:
     layouts = placements(template, ctx)
     if not layouts:
         return None
