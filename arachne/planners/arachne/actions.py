@@ -68,17 +68,21 @@ class State:
         return all(a.kind == "skip" for a in self.actions)
 
 
-def mix_replica_options(classes: list[DeviceClass], max_options: int = 6) -> list[int]:
-    """Mixed-group replica counts worth trying: 0, and powers of two up to the smallest class."""
+REPLICA_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def mix_replica_options(classes: list[DeviceClass], max_options: int = 10) -> list[int]:
+    """Mixed-group replica counts worth trying: 0, then 1, 2, 3, 4, 6, 8, ... up to the second-largest
+    class (a mix needs two classes; a class too small for ``R`` replicas just stays out of the mix).
+    Beyond ``max_options``, the larger non-powers of two go first."""
     if len(classes) < 2:
         return [0]
-    smallest = min(c.count for c in classes)
-    out = [0]
-    r = 1
-    while r <= smallest and len(out) < max_options:
-        out.append(r)
-        r *= 2
-    return out
+    cap = sorted((c.count for c in classes), reverse=True)[1]
+    out = [r for r in REPLICA_COUNTS if r <= cap]
+    while len(out) > max_options:
+        odd = [r for r in out if r & (r - 1)]
+        out.remove(odd[-1] if odd else out[-1])
+    return [0, *out]
 
 
 def slot_options(model: ModelSpec, c: DeviceClass) -> list[tuple[int, int, int]]:
