@@ -399,11 +399,13 @@ def _note_even_split(template: Template, ctx: PlanningContext, mbs: int, recompu
     ctx.note_unfit(ctx.cost_model.estimate(plan, validate=False))
 
 
-def mbs_candidates(template: Template, job: Job) -> list[int]:
+def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = False) -> list[int]:
+    """Micro-batch sizes dividing the batch and every stage's dp; with ``allow_fewer_pipelines`` also
+    those that feed fewer micro-batches than the template has pipelines (the rest are dropped)."""
     n_pipes = sum(g.replicas for g in template.groups)
     dps = {s.dp for g in template.groups for s in g.slots}
     out = [b for b in MBS_CHOICES if job.global_batch_size % b == 0 and all(b % d == 0 for d in dps)
-           and job.global_batch_size // b >= n_pipes]
+           and (allow_fewer_pipelines or job.global_batch_size // b >= n_pipes)]
     return out
 
 
@@ -442,15 +444,24 @@ def _reverse_classes(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:
 
 def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[int] | None,
                    max_priced: int | None) -> tuple[Plan, Estimate] | None:
-    layouts = placements(template, ctx)
-    if not layouts:
-        return None
-    options = mbs_options or mbs_candidates(template, ctx.job)
+    gbs = ctx.job.global_batch_size
+    options = mbs_options or mbs_candidates(template, ctx.job, allow_fewer_pipelines=True)
+    # a micro-batch size with fewer micro-batches than pipelines keeps as many pipelines as it feeds
+    capped: dict[int, tuple[Template, list]] = {}
+    for mbs in options:
+        t = cap_replicas(template, gbs // mbs)
+        if t not in [c[0] for c in capped.values()]:
+            capped[mbs] = (t, placements(t, ctx))
+        else:
+            capped[mbs] = next(c for c in capped.values() if c[0] == t)
     best: tuple[Plan, Estimate] | None = None
     for recompute in (False, True):
         cands = []
         for mbs in options:
-            r = split_and_share(template, ctx, mbs, recompute, layouts[0])
+            t, layouts = capped[mbs]
+            if not layouts:
+                continue
+            r = split_and_share(t, ctx, mbs, recompute, layouts[0])
             if r is not None:
                 cands.append((r[2], mbs, r))
         cands.sort(key=lambda c: c[0])
@@ -459,7 +470,8 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
             if max_priced is not None and priced >= max_priced and best is not None:
                 break
             priced += 1
-            variants = [p for p in (build_plan(template, ctx, mbs, recompute, lay, splits, counts) for lay in layouts)
+            t, layouts = capped[mbs]
+            variants = [p for p in (build_plan(t, ctx, mbs, recompute, lay, splits, counts) for lay in layouts)
                         if p is not None]
             for cand in variants:
                 est = ctx.cost_model.estimate(cand, validate=False)

@@ -181,6 +181,16 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
             if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // max(1, reps))) is not None:
                 out.append(Action("own", tp, 1, ep, S, reps))
                 break
+    if c.node_size > 1 and c.count >= 2 * c.node_size:
+        # a small batch on many GPUs: node-wide stages (data parallel inside the node), as deep as the
+        # class allows -- every GPU works on every micro-batch
+        for tp in [t for t in tps if t <= 2]:
+            dp = max(d for d in (1, 2, 4, 8) if d * tp <= c.node_size and c.node_size % (d * tp) == 0)
+            S = max((k for k in STAGE_COUNTS if k <= min(L, c.count // (dp * tp))), default=0)
+            if S > 1:
+                wide = Action("own", tp, dp, ep_options(model, dp)[-1], S, c.count // (S * dp * tp))
+                if wide not in out:
+                    out.append(wide)
     if model.is_moe and c.node_size > 1:  # experts over the node's GPUs
         tp = 1
         dp = max(d for d in (1, 2, 4, 8) if d <= c.node_size and c.node_size % d == 0)
