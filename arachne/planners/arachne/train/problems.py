@@ -24,9 +24,10 @@ class ProblemConfig:
     """Ranges of the generated problems."""
 
     min_types: int = 1
-    max_types: int = 4
-    max_gpus_per_type: int = 128
-    max_total_gpus: int = 256
+    max_types: int = 6
+    max_gpus_per_type: int = 192
+    max_total_gpus: int = 512
+    second_node_size_share: float = 0.2  # a GPU type also present in nodes of another size
     synthetic_gpu_share: float = 0.3
     synthetic_model_share: float = 0.3
     node_sizes: tuple[int, ...] = (1, 2, 4, 8)
@@ -100,6 +101,13 @@ def random_problem(rng: random.Random, cfg: ProblemConfig = ProblemConfig()) -> 
             if rng.random() < 0.3:
                 entry["inter_node_gbps"] = rng.choice([1.25, 3.125, 12.5, 25, 50, 100, 200, 400])
             nodes.append(entry)
+            if rng.random() < cfg.second_node_size_share:  # the same GPUs in nodes of another size
+                other = rng.choice([n for n in cfg.node_sizes if n != size] or [size])
+                k = rng.randint(1, max(1, 64 // other))
+                if total + k * other <= cfg.max_total_gpus:
+                    total += k * other
+                    nodes.append({"name": f"t{t}b-{{i}}", "count": k, "gpu": gname, "gpus_per_node": other,
+                                  "inter_node_gbps": rng.choice([1.25, 3.125, 6.25, 12.5, 25])})
         if not nodes:
             continue
         cluster_doc = {"name": "generated", "nodes": nodes, **({"gpu_types": custom} if custom else {})}
@@ -108,7 +116,7 @@ def random_problem(rng: random.Random, cfg: ProblemConfig = ProblemConfig()) -> 
         else:
             model_doc = rng.choice(models).name
         precision = "fp32" if rng.random() < 0.1 else "bf16"
-        job = {"global_batch_size": rng.choice([32, 64, 128, 256, 512, 1024, 2048]),
+        job = {"global_batch_size": rng.choice([16, 32, 64, 96, 128, 256, 512, 1024, 2048]),
                "sequence_length": rng.choice([1024, 2048, 2048, 4096]), "precision": precision}
         prob = Problem(cluster_doc, model_doc, job)
         try:
