@@ -410,14 +410,19 @@ def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = F
 
 
 def price_template(template: Template, ctx: PlanningContext, mbs_options: list[int] | None = None,
-                   max_priced: int | None = 2) -> tuple[Plan, Estimate] | None:
+                   max_priced: int | None = 2, screen: bool = False) -> tuple[Plan, Estimate] | None:
     """Complete the template at every candidate micro-batch size, price the ``max_priced`` most promising
-    (by the completion's own time model; all when None) with the cost model, with recomputation only
-    where memory demands it; the fastest plan that fits, or None."""
+    (by the completion's own time model; all when None) with the cost model, on each placement and
+    class order, with recomputation only where memory demands it; the fastest plan that fits, or None.
+
+    ``screen``: a cheap first look (a few times cheaper): the most promising micro-batch size only, the
+    reversed class order only if the first does not fit."""
     template = cap_replicas(template, ctx.job.global_batch_size)
     best: tuple[Plan, Estimate] | None = None
     for variant in stage_orders(template):
-        r = _price_variant(variant, ctx, mbs_options, max_priced)
+        if screen and best is not None:
+            break
+        r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced)
         if r is not None and (best is None or r[1].iteration_time_s < best[1].iteration_time_s):
             best = r
     return best

@@ -30,7 +30,7 @@ class ArachnePlanner:
     def __init__(self, k: int = 24, mode: str = "policy", floor_actions: int = 0, teacher_beam: int = 2,
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
                  use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
-                 teacher_share: float = 0.5, phase1_share: float = 0.6):
+                 teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.35):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -41,6 +41,7 @@ class ArachnePlanner:
         self.polish_share = polish_share  # of the target, kept for moving stage boundaries at the end
         self.teacher_share = teacher_share  # of the spare time, for the priced teacher (the rest: refine)
         self.phase1_share = phase1_share  # of the target, for pricing the proposals (large clusters)
+        self.screen_share = screen_share  # of the target, for screening them (a cheap first look)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -68,18 +69,31 @@ class ArachnePlanner:
                 core, mixed = floor_states(ctx, pricer, deadline, self.floor_actions, price=False)
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
-            n_core = len(core)
-            states = core + [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
+            timed = mode == "policy" and self.use_floor  # the shipped configuration keeps to its latency target
             found = False
-            for i, st in enumerate(states):
-                # every proposal is priced on small problems; on large ones phase 1 stops at its share.
-                # Past the budget, pricing goes on only until one plan fits (a plan beats a timeout).
-                if found and (deadline.expired() or (phase1.expired() and i >= n_core and mode == "policy")):
-                    stats.timed_out = deadline.expired()
-                    stats.notes["phase1_priced"] = i
+            for st in core:  # past the budget, only until one plan fits (a plan beats a timeout)
+                if found and deadline.expired():
                     break
                 found = pricer.price_state(st) > 0 or found
                 advance(1)
+            # the rest is screened first (cheap), then the most promising are priced in full
+            rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
+            screen_until = Deadline(max(0.0, target * self.screen_share - deadline.elapsed))
+            screened = []
+            for st in rest:
+                if found and (deadline.expired() or (timed and screen_until.expired())):
+                    break
+                v = pricer.screen_state(st)
+                found = found or v > 0
+                screened.append((v, st))
+                advance(1)
+            screened.sort(key=lambda x: -x[0])
+            for v, st in screened:
+                if v <= 0 or deadline.expired() or (timed and phase1.expired()):
+                    break
+                pricer.price_state(st)
+            stats.notes["screened"] = len(screened)
+            stats.timed_out = deadline.expired()
             best = pricer.best()
             if best is None and mode != "random" and not deadline.expired():
                 # memory is tight: the priced teacher, then the whole template space, while the budget lasts
@@ -104,7 +118,7 @@ class ArachnePlanner:
                 if start is not None:
                     refine(ctx, pricer, start, Deadline(min(max(0.0, polish_at - deadline.elapsed),
                                                             deadline.remaining)))
-        ranked = sorted((r for r in pricer.cache.values() if r is not None),
+        ranked = sorted(pricer.results(),
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
         if ranked and self.use_polish:
             sub = Deadline(min(max(0.05, target - deadline.elapsed), deadline.remaining))
@@ -113,7 +127,7 @@ class ArachnePlanner:
                 if polished[0] is not plan:
                     ranked.append(polished)
             ranked.sort(key=lambda r: -r[1].tokens_per_s)
-        stats.candidates = len(pricer.cache)
+        stats.candidates = len(pricer.cache) + len(pricer.screened)
         if ctx.closest_unfit is not None:
             stats.notes["closest_unfit"] = ctx.closest_unfit[1]
         stats.timed_out = stats.timed_out or deadline.expired()

@@ -26,6 +26,7 @@ class Pricer:
     cache: dict[Template, tuple[Plan, Estimate] | None] = field(default_factory=dict)
     states: dict[Template, State] = field(default_factory=dict)
     visited: dict[State, float] = field(default_factory=dict)  # every decision sequence priced
+    screened: dict[Template, tuple[Plan, Estimate] | None] = field(default_factory=dict)
 
     def price_state(self, st: State) -> float:
         tpl = st.template()
@@ -45,8 +46,26 @@ class Pricer:
         r = self(tpl)
         return r[1].tokens_per_s if r else 0.0
 
+    def screen_state(self, st: State) -> float:
+        """A cheap lower bound of :meth:`price_state` (see ``price_template(screen=True)``); the screened
+        plan is a real priced plan and stays a candidate."""
+        tpl = st.template()
+        self.states.setdefault(tpl, st)
+        if tpl in self.cache:
+            r = self.cache[tpl]
+        else:
+            if tpl not in self.screened:
+                self.screened[tpl] = (price_template(tpl, self.ctx, screen=True)
+                                      if tpl.groups and tpl.fits_counts(self.ctx.classes) else None)
+            r = self.screened[tpl]
+        return r[1].tokens_per_s if r else 0.0
+
+    def results(self) -> list[tuple[Plan, Estimate]]:
+        """Every priced plan (fully priced or screened)."""
+        return [r for r in (*self.cache.values(), *self.screened.values()) if r is not None]
+
     def best(self) -> tuple[Template, Plan, Estimate] | None:
-        items = [(t, r) for t, r in self.cache.items() if r is not None]
+        items = [(t, r) for t, r in (*self.screened.items(), *self.cache.items()) if r is not None]
         if not items:
             return None
         t, (p, e) = max(items, key=lambda x: x[1][1].tokens_per_s)
