@@ -203,3 +203,18 @@ def test_teacher_labels_value_decisions_by_their_best_completion():
     h = _hindsight(visited, 2)
     assert h[(2, (a,))] == 5.0  # the prefix alone does not fit, its completion does
     assert h[(2, (Action("skip"),))] == 1.0 and h[(2, (Action("skip"), Action("skip")))] == 1.0
+
+
+def test_screening_is_a_cheaper_lower_bound_of_full_pricing():
+    from arachne.planners.arachne.search import Pricer, floor_states
+
+    ctx = ctx_for("LLaMA-2-7B", gbs=64)
+    core, mixed = floor_states(ctx, Pricer(ctx), price=False)
+    for st in core + mixed:
+        screener, full = Pricer(ctx_for("LLaMA-2-7B", gbs=64)), Pricer(ctx_for("LLaMA-2-7B", gbs=64))
+        cm_s, cm_f = screener.ctx.cost_model, full.ctx.cost_model
+        v_s, v_f = screener.screen_state(st), full.price_state(st)
+        assert v_s <= v_f * (1 + 1e-9)
+        assert cm_s.estimates <= cm_f.estimates
+        if v_f > 0:
+            assert v_s > 0  # whatever fits in full also fits on the first look
