@@ -156,20 +156,14 @@ class CostModel:
 
     # ---- per stage ------------------------------------------------------------------------------
     def _layout_signature(self, st: Stage) -> tuple:
-        """What a stage's time depends on besides its shape: per group the GPU types and how its
-        devices spread over nodes (and those nodes' links) -- not the device names themselves."""
-        sig = self._sig_cache.get(st.devices)
+        """What a stage's time depends on besides its shape: which of its devices share a node (nodes
+        renamed by first use) and those nodes' classes (GPU type and links), not the device names."""
+        key = (st.devices, st.tp)
+        sig = self._sig_cache.get(key)
         if sig is None:
-            devs = self.cluster.devices
-            parts = []
-            for i in range(0, len(st.devices), st.tp):
-                g = st.devices[i:i + st.tp]
-                nodes = sorted({devs[d].node.name for d in g})
-                parts.append((tuple(sorted({devs[d].gpu.name for d in g})), len(nodes),
-                              tuple(sorted({(self.cluster.node_by_name[n].inter_node_bw,
-                                             self.cluster.node_by_name[n].intra_node_bw) for n in nodes}))))
-            ep_nodes = len({devs[d].node.name for d in st.devices})
-            sig = self._sig_cache[st.devices] = (tuple(parts), ep_nodes)
+            local: dict[str, int] = {}
+            ids = tuple(local.setdefault(self._dev_node[d], len(local)) for d in st.devices)
+            sig = self._sig_cache[key] = (ids, tuple(self._node_class[n] for n in local))
         return sig
 
     def _stage(self, model: ModelSpec, st: Stage, first: bool, last: bool, mbs: int, plan: Plan) -> tuple:

@@ -67,6 +67,7 @@ class PlanningContext:
     memory_headroom: float = 1.0  # the cost model already charges allocator reserve
     closest_unfit: tuple[float, str] | None = None  # (worst used/capacity, description) of the nearest miss
     found_fit: bool = False  # a priced plan fits: no more pricing only to explain a failure
+    even_split_notes: int = 0  # plans priced only to explain a failure (a few are enough)
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
@@ -324,7 +325,8 @@ def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recomput
         profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
         r = split_layers(profs, L, m_est)
         if r is None:
-            if not ctx.found_fit and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
+            if not ctx.found_fit and ctx.even_split_notes < 8 and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
+                ctx.even_split_notes += 1
                 _note_even_split(template, ctx, mbs, recompute, placement)
             return None
         split, _ = r

@@ -30,7 +30,8 @@ class ArachnePlanner:
     def __init__(self, k: int = 24, mode: str = "policy", floor_actions: int = 0, teacher_beam: int = 2,
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
                  use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
-                 teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.35):
+                 teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.35,
+                 policy_share: float = 0.2, min_screened: int = 8):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -42,6 +43,8 @@ class ArachnePlanner:
         self.teacher_share = teacher_share  # of the spare time, for the priced teacher (the rest: refine)
         self.phase1_share = phase1_share  # of the target, for pricing the proposals (large clusters)
         self.screen_share = screen_share  # of the target, for screening them (a cheap first look)
+        self.policy_share = policy_share  # of the target, for the policy's beam search
+        self.min_screened = min_screened  # proposals screened even when the target is spent
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -59,8 +62,9 @@ class ArachnePlanner:
             # then the policy's proposals interleaved with the mixed-pipeline rules
             phase1 = Deadline(min(deadline.remaining, max(0.0, target * self.phase1_share - deadline.elapsed)))
             proposed: list[State] = []
-            if mode == "policy":
-                proposed = policy_search(ctx, policy, self.k, FeatureBuilder(ctx), deadline)
+            if mode == "policy":  # beams narrow to one action each once their share of the target is spent
+                proposed = policy_search(ctx, policy, self.k, FeatureBuilder(ctx),
+                                         Deadline(min(deadline.remaining, target * self.policy_share)))
             elif mode == "random":
                 proposed = random_states(ctx, self.k, budget.seed)
             core: list[State] = []
@@ -70,26 +74,33 @@ class ArachnePlanner:
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
             timed = mode == "policy" and self.use_floor  # the shipped configuration keeps to its latency target
-            found = False
-            for st in core:  # past the budget, only until one plan fits (a plan beats a timeout)
-                if found and deadline.expired():
+            # past the budget, pricing goes on only until one plan fits (a plan beats a timeout), and
+            # never past twice the budget
+            hard = Deadline(2 * deadline.seconds)
+
+            def stop(soft: Deadline | None = None) -> bool:
+                if hard.expired():
+                    return True
+                return ctx.found_fit and (deadline.expired() or (timed and soft is not None and soft.expired()))
+
+            for st in core:
+                if stop():
                     break
-                found = pricer.price_state(st) > 0 or found
+                pricer.price_state(st)
                 advance(1)
-            # the rest is screened first (cheap), then the most promising are priced in full
+            # the rest is screened first (cheap; a few of each kind always), then the most promising are
+            # priced in full
             rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
             screen_until = Deadline(max(0.0, target * self.screen_share - deadline.elapsed))
             screened = []
-            for st in rest:
-                if found and (deadline.expired() or (timed and screen_until.expired())):
+            for i, st in enumerate(rest):
+                if stop(screen_until if i >= self.min_screened else None):
                     break
-                v = pricer.screen_state(st)
-                found = found or v > 0
-                screened.append((v, st))
+                screened.append((pricer.screen_state(st), st))
                 advance(1)
             screened.sort(key=lambda x: -x[0])
-            for v, st in screened:
-                if v <= 0 or deadline.expired() or (timed and phase1.expired()):
+            for i, (v, st) in enumerate(screened):
+                if v <= 0 or stop(phase1 if i >= 2 else None):
                     break
                 pricer.price_state(st)
             stats.notes["screened"] = len(screened)
@@ -118,7 +129,7 @@ class ArachnePlanner:
                 if start is not None:
                     refine(ctx, pricer, start, Deadline(min(max(0.0, polish_at - deadline.elapsed),
                                                             deadline.remaining)))
-        ranked = sorted(pricer.results(),
+        ranked = sorted(pricer.results(),  # distinct plans, fastest first
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
         if ranked and self.use_polish:
             sub = Deadline(min(max(0.05, target - deadline.elapsed), deadline.remaining))

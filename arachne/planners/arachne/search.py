@@ -61,8 +61,16 @@ class Pricer:
         return r[1].tokens_per_s if r else 0.0
 
     def results(self) -> list[tuple[Plan, Estimate]]:
-        """Every priced plan (fully priced or screened)."""
-        return [r for r in (*self.cache.values(), *self.screened.values()) if r is not None]
+        """Every distinct priced plan (fully priced, or screened and not priced in full since)."""
+        out, seen = [], set()
+        for _, r in (*self.cache.items(), *((t, r) for t, r in self.screened.items() if t not in self.cache)):
+            if r is None:
+                continue
+            key = (r[1].iteration_time_s, r[0].micro_batch_size, len(r[0].pipelines))  # equal plans price equally
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+        return out
 
     def best(self) -> tuple[Template, Plan, Estimate] | None:
         items = [(t, r) for t, r in (*self.screened.items(), *self.cache.items()) if r is not None]
@@ -159,7 +167,7 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
             cands += _thin(extra, max_actions)
         top, top_v = Action("skip"), 0.0
         for a in cands:
-            if deadline is not None and deadline.expired() and top_v > 0:
+            if deadline is not None and deadline.expired() and (top_v > 0 or ctx.found_fit):
                 break
             v = pricer.price_state(prefix.push(a))
             if v > top_v:
