@@ -218,3 +218,20 @@ def test_screening_is_a_cheaper_lower_bound_of_full_pricing():
         assert cm_s.estimates <= cm_f.estimates
         if v_f > 0:
             assert v_s > 0  # whatever fits in full also fits on the first look
+
+
+def test_tiny_budget_still_returns_a_plan_and_infeasible_fails_fast():
+    import time
+
+    from arachne.errors import NoFeasiblePlanError
+
+    cl = small_cluster()
+    plan, est, _ = run_planner("arachne", cl, model_catalog().get("GPT-3-1.3B"),
+                               Job(global_batch_size=64, sequence_length=2048), budget=SearchBudget(time_budget_s=0.01))
+    validate_plan(plan, cl, model_catalog().get("GPT-3-1.3B"))  # raises on a broken plan
+    assert est.fits
+    t0 = time.perf_counter()
+    with pytest.raises(NoFeasiblePlanError):  # LLaMA-2-70B cannot fit in 8 GPUs of 16-40 GB
+        run_planner("arachne", cl, model_catalog().get("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048),
+                    budget=SearchBudget(time_budget_s=0.5))
+    assert time.perf_counter() - t0 < 5.0
