@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from arachne.cost import Estimate
+from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import Plan
 from arachne.planners.arachne.actions import Action, State, class_actions, mix_replica_options
 from arachne.planners.arachne.features import FeatureBuilder
@@ -136,6 +137,9 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
     classes, model = ctx.classes, ctx.model
     roots = mix_replica_options(classes)
     beams: list[tuple[float, State]] = [(0.0, State(r)) for r in roots]
+    # a template whose GPUs cannot hold one copy of the model state never fits: such beams are dropped
+    # (when some beam can still fit), so a memory-tight problem does not spend its proposals on them
+    later = [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(len(classes) + 1)]
     for ci in range(len(classes)):
         cand: list[tuple[float, State]] = []
         width = 1 if deadline is not None and deadline.expired() else k
@@ -146,8 +150,31 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
             order = np.argsort(-logp)[: width]
             cand.extend((lp + float(logp[i]), st.push(acts[i])) for i in order)
         cand.sort(key=lambda x: -x[0])
-        beams = cand[: k]
+        viable = [c for c in cand if may_fit(ctx, c[1], later[ci + 1])]
+        beams = (viable or cand)[: k]
     return [st for _, st in beams]
+
+
+def may_fit(ctx: PlanningContext, st: State, spare: float = 0.0) -> bool:
+    """A necessary condition for a (partial) template to fit, with ``spare`` bytes of GPUs still to be
+    decided: its GPUs hold one copy of the model state, and every pipeline holds the weights and
+    gradients of all layers (ZeRO-1 shards only the optimizer state)."""
+    w, g, o = state_bytes_per_param(ctx.job.precision, ctx.cost_model.cal.memory)
+    params = ctx.model.num_params
+    total, mix = 0.0, 0.0
+    for ci, a in enumerate(st.actions):
+        if a.kind == "skip":
+            continue
+        per_replica = a.stages * a.tp * a.dp * ctx.classes[ci].gpu.memory_bytes
+        total += a.replicas * per_replica
+        if a.kind == "own" and per_replica < params * (w + g):
+            return False
+        if a.kind == "mix":
+            mix += per_replica
+    if st.mix_replicas and any(a.kind == "mix" for a in st.actions):
+        if mix + spare / st.mix_replicas < params * (w + g):
+            return False
+    return total + spare >= params * (w + g + o)
 
 
 def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None,
