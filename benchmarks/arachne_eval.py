@@ -202,6 +202,9 @@ def generalise(args) -> None:
     write(args.out, "generalise", rows)
 
 
+TIERS = (8, 32, 64, 128, 256, 512, 1024)
+
+
 def latency(args) -> None:
     """Planning time vs cluster size, arachne and (``--baselines``) search baselines in the same run."""
     rng = random.Random(0)
