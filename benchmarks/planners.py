@@ -5,8 +5,8 @@ Usage:
     python benchmarks/planners.py --timing [--time-budget S] [--out DIR]
 
 The grid mixes 2-4 GPU types (V100, T4, A10G, L4, A100-40/80, H100, H200, RTX-3090) in nodes of
-1/2/4/8 GPUs with uneven counts per type and several network tiers, from 8 to 512 GPUs, with dense
-models from 350M to 70B parameters and three MoE models. Writes ``planners.csv`` and
+1/2/4/8 GPUs with uneven counts per type and several network tiers, from 8 to 512 GPUs: 15 cases with
+dense models from 350M to 70B parameters and 8 with three MoE models. Writes ``planners.csv`` and
 ``planners.json`` and prints, per planner: the geometric mean of throughput relative to the best
 planner of each case (over the cases it solved), the median planning time and the share of cases
 where it found no fitting plan. ``--timing`` measures planning time of the search baselines at
