@@ -220,9 +220,7 @@ def test_screening_is_a_cheaper_lower_bound_of_full_pricing():
             assert v_s > 0  # whatever fits in full also fits on the first look
 
 
-def test_tiny_budget_still_returns_a_plan_and_infeasible_fails_fast():
-    import time
-
+def test_tiny_budget_still_returns_a_plan_and_infeasible_says_so():
     from arachne.errors import NoFeasiblePlanError
 
     cl = small_cluster()
@@ -230,8 +228,16 @@ def test_tiny_budget_still_returns_a_plan_and_infeasible_fails_fast():
                                Job(global_batch_size=64, sequence_length=2048), budget=SearchBudget(time_budget_s=0.01))
     validate_plan(plan, cl, model_catalog().get("GPT-3-1.3B"))  # raises on a broken plan
     assert est.fits
-    t0 = time.perf_counter()
-    with pytest.raises(NoFeasiblePlanError):  # LLaMA-2-70B cannot fit in 8 GPUs of 16-40 GB
+    with pytest.raises(NoFeasiblePlanError, match="no plan fits"):  # LLaMA-2-70B cannot fit in 8 GPUs of 16-40 GB
         run_planner("arachne", cl, model_catalog().get("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048),
                     budget=SearchBudget(time_budget_s=0.5))
-    assert time.perf_counter() - t0 < 5.0
+
+
+def test_retraining_from_a_foreign_file_is_a_one_line_input_error(tmp_path):
+    from arachne.errors import InputError
+    from arachne.planners.arachne.train.pipeline import load_records
+
+    bad = tmp_path / "data.npz"
+    bad.write_text("name: not numpy\n")
+    with pytest.raises(InputError, match="data.npz.*data: not a data.npz"):
+        load_records(bad)

@@ -454,13 +454,13 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
     gbs = ctx.job.global_batch_size
     options = mbs_options or mbs_candidates(template, ctx.job, allow_fewer_pipelines=True)
     # a micro-batch size with fewer micro-batches than pipelines keeps as many pipelines as it feeds
+    layouts_of: dict[Template, list] = {}
     capped: dict[int, tuple[Template, list]] = {}
     for mbs in options:
         t = cap_replicas(template, gbs // mbs)
-        if t not in [c[0] for c in capped.values()]:
-            capped[mbs] = (t, placements(t, ctx))
-        else:
-            capped[mbs] = next(c for c in capped.values() if c[0] == t)
+        if t not in layouts_of:
+            layouts_of[t] = placements(t, ctx)
+        capped[mbs] = (t, layouts_of[t])
     best: tuple[Plan, Estimate] | None = None
     for recompute in (False, True):
         cands = []

@@ -277,23 +277,19 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     return out
 
 
-def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, prefix: State | None = None) -> State | None:
-    """``prefix`` (or nothing) followed, for every later class, by ``mix`` stages of the largest valid tp
-    up to ``tp``, as many as the class's GPUs allow per replica, scaled down to the layer count."""
-    classes, model = ctx.classes, ctx.model
-    L = model.num_layers
-    done = prefix.actions if prefix is not None else ()
-    used = sum(a.stages for a in done if a.kind == "mix")
+def mixed_rule_state(ctx: PlanningContext, R: int, tp: int) -> State | None:
+    """``R`` mixed replicas where every class contributes ``mix`` stages of the largest valid tp up to
+    ``tp``, as many as its GPUs allow per replica, scaled down to the layer count."""
     acts = []
-    for c in classes[len(done):]:
-        t = max(o for o in tp_options(model, c.node_size) if o <= tp) if tp_options(model, c.node_size) else 1
+    for c in ctx.classes:
+        t = max((o for o in tp_options(ctx.model, c.node_size) if o <= tp), default=1)
         acts.append((t, c.count // (R * t)))
     total = sum(k for _, k in acts)
-    if total == 0 and not any(a.kind == "mix" for a in done):
+    if total == 0:
         return None
-    scale = min(1.0, (L - used) / total) if total else 0.0
-    seq = tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip") for t, k in acts)
-    st = State(R, done + seq)
+    scale = min(1.0, ctx.model.num_layers / total)
+    st = State(R, tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
+                        for t, k in acts))
     return None if st.is_empty() else st
 
 

@@ -110,12 +110,18 @@ def save_records(path: Path, train: list[Record], val: list[Record]) -> None:
 
 
 def load_records(path: Path) -> tuple[list[Record], list[Record]]:
-    with np.load(path) as z:
-        out = []
-        for name in ("train", "val"):
-            x, v, n = z[f"{name}_x"], z[f"{name}_v"], z[f"{name}_n"]
-            edges = np.concatenate([[0], np.cumsum(n)])
-            out.append([Record(x[a:b], v[a:b]) for a, b in zip(edges, edges[1:])])
+    """Decisions saved by :func:`save_records`; a missing or foreign file is an :class:`InputError`."""
+    from arachne.errors import InputError
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = []
+            for name in ("train", "val"):
+                x, v, n = z[f"{name}_x"], z[f"{name}_v"], z[f"{name}_n"]
+                edges = np.concatenate([[0], np.cumsum(n)])
+                out.append([Record(x[a:b], v[a:b]) for a, b in zip(edges, edges[1:])])
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(str(path), "data", f"not a data.npz written by train-policy ({e})") from None
     return out[0], out[1]
 
 
