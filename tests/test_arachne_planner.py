@@ -241,3 +241,62 @@ def test_retraining_from_a_foreign_file_is_a_one_line_input_error(tmp_path):
     bad.write_text("name: not numpy\n")
     with pytest.raises(InputError, match="data.npz.*data: not a data.npz"):
         load_records(bad)
+
+
+def five_type_cluster():
+    """Five GPU types, fastest first, two node sizes: the shape of a large mixed inventory, scaled down."""
+    return cluster_from_dict({"name": "five", "nodes": [
+        {"name": "h{i}", "count": 4, "gpu": "H100", "gpus_per_node": 8},
+        {"name": "a{i}", "count": 4, "gpu": "A100-80", "gpus_per_node": 8},
+        {"name": "b{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 8},
+        {"name": "v{i}", "count": 4, "gpu": "V100-16", "gpus_per_node": 4},
+        {"name": "t{i}", "count": 4, "gpu": "T4", "gpus_per_node": 4}]})
+
+
+def test_graded_mixed_rule_widens_tp_on_slower_types_and_may_leave_slow_classes_out():
+    from arachne.planners.arachne.search import mixed_rule_state
+
+    ctx = ctx_for("LLaMA-2-13B", gbs=256, seq=4096, cluster=five_type_cluster())
+    names = [c.gpu.name for c in ctx.classes]
+    assert names[:3] == ["H100-SXM5-80GB", "A100-SXM4-80GB", "A100-SXM4-40GB"]
+    st = mixed_rule_state(ctx, 2, 2, j=3, graded=True)
+    assert [(a.kind, a.tp) for a in st.actions] == [("mix", 2), ("mix", 4), ("mix", 8)]
+    assert [a.stages for a in st.actions] == [8, 4, 1]  # every GPU of the three classes, in 2 replicas
+    plain = mixed_rule_state(ctx, 2, 2)
+    assert len(plain.actions) == 5 and {a.tp for a in plain.actions if a.kind == "mix"} == {2}
+    assert mixed_rule_state(ctx, 2, 2, j=1) is None  # one class is not a mix
+
+
+@pytest.mark.parametrize("model", ["LLaMA-2-13B", "Mixtral-8x7B"])
+def test_mixed_rules_are_valid_distinct_and_keep_the_plain_rule_early(model):
+    from arachne.planners.arachne.actions import mix_replica_options
+    from arachne.planners.arachne.search import may_fit, mixed_floor_states, mixed_rule_state
+
+    ctx = ctx_for(model, gbs=256, seq=4096, cluster=five_type_cluster())
+    states = mixed_floor_states(ctx)
+    templates = [st.template() for st in states]
+    assert len(set(templates)) == len(templates)
+    spare = sum(c.gpu.memory_bytes * c.count for c in ctx.classes)
+    for st in states:
+        assert st.template().fits_counts(ctx.classes)
+        assert 0 < st.mixed_stages() <= ctx.model.num_layers
+        assert may_fit(ctx, st, spare)
+    graded = [st for st in states if len({a.tp for a in st.actions if a.kind == "mix"}) > 1]
+    assert graded and any(len(st.actions) < len(ctx.classes) for st in states)
+    # the one-tp-level rule over every class (with the most replicas) stays among the first two
+    first = next(st for R in sorted(mix_replica_options(ctx.classes), reverse=True) if R
+                 if (st := mixed_rule_state(ctx, R, 1)) is not None)
+    assert first.template() in templates[:2]
+
+
+def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
+    from arachne.planners.arachne.search import _mix_proxy, mixed_rule_state
+
+    cl = cluster_from_dict({"name": "slow", "nodes": [
+        {"name": "h{i}", "count": 4, "gpu": "H100", "gpus_per_node": 8},
+        {"name": "t{i}", "count": 4, "gpu": "T4", "gpus_per_node": 8, "inter_node_gbps": 1}]})
+    ctx = ctx_for("LLaMA-2-7B", gbs=256, seq=4096, cluster=cl)
+    both = mixed_rule_state(ctx, 4, 1)
+    assert both is not None and all(a.kind == "mix" for a in both.actions)
+    fast_only = State(4, (both.actions[0], Action("skip")))
+    assert _mix_proxy(ctx, fast_only) > _mix_proxy(ctx, both) > 0

@@ -8,7 +8,13 @@ from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
+from arachne.planners.arachne.search import (
+    Pricer,
+    floor_states,
+    policy_search,
+    refine,
+    teacher_search,
+)
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
 from arachne.planners.completion import PlanningContext, polish_splits
 from arachne.spec.cluster import Cluster
@@ -30,7 +36,7 @@ class ArachnePlanner:
     def __init__(self, k: int = 24, mode: str = "policy", floor_actions: int = 0, teacher_beam: int = 2,
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
                  use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
-                 teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.35,
+                 teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam

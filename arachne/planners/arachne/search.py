@@ -4,10 +4,12 @@ search (no pricing), rule-based floor templates, and a priced local refinement."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 import numpy as np
 
 from arachne.cost import Estimate
+from arachne.cost.compute import act_bytes
 from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import Plan
 from arachne.planners.arachne.actions import Action, State, class_actions, mix_replica_options
@@ -196,7 +198,7 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
         for a in cands:
             if deadline is not None and deadline.expired() and (top_v > 0 or ctx.found_fit):
                 break
-            v = pricer.price_state(prefix.push(a))
+            v = (pricer.price_state if price else pricer.screen_state)(prefix.push(a))
             if v > top_v:
                 top, top_v = a, v
         best_own.append(top)
@@ -206,12 +208,17 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     core += [State(0, tuple(best_own[:j]) + skips[j:]) for j in range(n - 1, 1, -1)]
     core += [State(0, skips[:ci] + (best_own[ci],) + skips[ci + 1:]) for ci in range(n)]
     core = list(dict.fromkeys(st for st in core if not st.is_empty()))
+    if not price:
+        return core, mixed_floor_states(ctx)
+    for st in core:
+        if deadline is not None and deadline.expired():
+            break
+        pricer.price_state(st)
     mixed = mixed_floor_states(ctx)
-    if price:
-        for st in core + mixed:
-            if deadline is not None and deadline.expired():
-                break
-            pricer.price_state(st)
+    for st in mixed:
+        if deadline is not None and deadline.expired():
+            break
+        pricer.price_state(st)
     return core, mixed
 
 
@@ -261,28 +268,75 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
 
 
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
-    """Mixed pipelines by rule: ``R`` replicas, each class contributing stages in proportion to its
-    GPUs, at one tp level for all classes (capped by each class's node). More replicas first: their
-    pipelines are shorter (less bubble) and cheaper to price; fewer replicas matter when memory is tight."""
+    """Mixed pipelines by rule: ``R`` replicas over the fastest ``j`` classes, each class contributing
+    stages in proportion to its GPUs, at one tp level (``uniform``) or with tp doubling per slower GPU
+    type (``graded``: a slower type holds fewer, wider stages). Two orders are interleaved: a cheap
+    throughput proxy over all of them, and all classes at one tp level with more replicas first
+    (shorter pipelines; fewer replicas matter when memory is tight)."""
     classes, model = ctx.classes, ctx.model
-    out = []
+    n = len(classes)
     levels = sorted({t for c in classes for t in tp_options(model, c.node_size)})
-    for R in sorted(mix_replica_options(classes), reverse=True):
-        if R == 0:
-            continue
-        for tp in levels:
-            st = mixed_rule_state(ctx, R, tp)
-            if st is not None and st not in out:
-                out.append(st)
-    return out
+    spare = [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(n + 1)]
+    replicas = sorted((r for r in mix_replica_options(classes) if r), reverse=True)
+    plain = [st for R in replicas for tp in levels if (st := mixed_rule_state(ctx, R, tp)) is not None]
+    every: dict[Template, State] = {}
+    for j in range(n, 1, -1):
+        for R in replicas:
+            for tp in levels:
+                for graded in (False, True):
+                    st = mixed_rule_state(ctx, R, tp, j, graded)
+                    if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
+                        every.setdefault(st.template(), st)
+    ranked = sorted(every.values(), key=lambda st: -_mix_proxy(ctx, st))
+    out: dict[Template, State] = {}
+    for pair in zip_longest(ranked, plain):
+        for st in pair:
+            if st is not None:
+                out.setdefault(st.template(), st)
+    return list(out.values())
 
 
-def mixed_rule_state(ctx: PlanningContext, R: int, tp: int) -> State | None:
-    """``R`` mixed replicas where every class contributes ``mix`` stages of the largest valid tp up to
-    ``tp``, as many as its GPUs allow per replica, scaled down to the layer count."""
+def _mix_proxy(ctx: PlanningContext, st: State) -> float:
+    """A cheap throughput guess for ordering mixed rules, in micro-batches per second: ``R`` pipelines
+    whose layers are split in proportion to each stage's speed (TP traffic included), a 1F1B bubble, the
+    slowest stage-to-stage transfer and gradient ring over each class's network; halved when the
+    stages' memory cannot hold every layer."""
+    R, S, L = st.mix_replicas, st.mixed_stages(), ctx.model.num_layers
+    m = max(1, ctx.job.global_batch_size // R)
+    act = ctx.job.sequence_length * ctx.model.hidden_size * act_bytes(ctx.job.precision)
+    grad_bytes = 2 * ctx.model.num_params / L  # per layer, bf16
+    slots = []
+    for ci, a in enumerate(st.actions):
+        if a.kind == "mix":
+            c = ctx.classes[ci]
+            prof = ctx.slot_profile(ci, a.tp, a.dp, a.ep, a.dp, S, R * a.dp, False)
+            p2p = 2 * act / a.tp * c.node_size / c.inter_node_bw if c.node_size > 1 else 0.0
+            slots.append((c, a, prof, L / max(float(prof.time_prefix[L]), 1e-12), p2p))
+    rate = sum(a.stages * r for _, a, _, r, _ in slots)
+    tau = max(L / rate, max(1.0 / r for *_, r, _ in slots)) + max(p for *_, p in slots)
+    room, sync = 0.0, 0.0
+    for c, a, prof, r, _ in slots:
+        per_layer = (prof.mem_param_prefix[L] + min(S, m) * prof.mem_act_prefix[L]) / L
+        room += a.stages * max(0.0, prof.capacity - prof.mem_fixed) / max(float(per_layer), 1.0)
+        if R > 1 and c.node_size > 1:
+            sync = max(sync, 2 * L * r / rate * grad_bytes / a.tp * c.node_size / c.inter_node_bw)
+    step = (m + S - 1) * tau + sync
+    return R * m / step * (1.0 if room >= L else 0.5)
+
+
+def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None,
+                     graded: bool = False) -> State | None:
+    """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
+    stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
+    it), as many as its GPUs allow per replica, scaled down to the layer count."""
+    classes = ctx.classes[: j or len(ctx.classes)]
+    types: list[str] = []
     acts = []
-    for c in ctx.classes:
-        t = max((o for o in tp_options(ctx.model, c.node_size) if o <= tp), default=1)
+    for c in classes:
+        if c.gpu.name not in types:
+            types.append(c.gpu.name)
+        want = tp * (2 ** types.index(c.gpu.name) if graded else 1)
+        t = max((o for o in tp_options(ctx.model, c.node_size) if o <= want), default=1)
         acts.append((t, c.count // (R * t)))
     total = sum(k for _, k in acts)
     if total == 0:
@@ -290,7 +344,7 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int) -> State | None:
     scale = min(1.0, ctx.model.num_layers / total)
     st = State(R, tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
                         for t, k in acts))
-    return None if st.is_empty() else st
+    return None if st.is_empty() or sum(a.kind == "mix" for a in st.actions) < 2 else st
 
 
 def _thin(acts: list[Action], n: int) -> list[Action]:
