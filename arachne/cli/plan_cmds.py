@@ -26,6 +26,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the plan JSON on stdout"),
         top_k: int = typer.Option(16, "--top-k", min=1, help="plans re-priced by the common cost model"),
         seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
+        target: float | None = typer.Option(
+            None, "--target", min=0.05,
+            help="arachne only: seconds the search aims to finish in (default 0.8, capped by --time-budget); "
+                 "a longer target prices more proposals"),
     ) -> None:
         """Find a fast plan that fits, print it with its estimate, optionally write the plan JSON."""
         import sys
@@ -50,9 +54,12 @@ def register(app: typer.Typer) -> None:
         if sequence_length > spec.max_sequence_length:
             err_console.print(f"note: sequence length {sequence_length} exceeds {spec.name}'s "
                               f"max_sequence_length {spec.max_sequence_length}")
+        if target is not None and planner != "arachne":
+            raise InputError("", "--target", f"only the arachne planner takes a latency target, not {planner!r}")
         cm = _cost_model(cl, profiles)
         budget = SearchBudget(time_budget_s=time_budget, seed=seed, top_k=top_k, progress=sys.stderr.isatty())
-        plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget)
+        options = {"target_s": target} if target is not None else {}
+        plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget, **options)
         if output is not None:
             plan_doc.save(output)
         if as_json:

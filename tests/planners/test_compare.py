@@ -78,3 +78,13 @@ def test_cli_bad_input_is_one_line_exit_2(cluster_file: Path, args: list[str], n
     res = CliRunner().invoke(app, base + args)
     assert res.exit_code == 2
     assert needle in res.output and "Traceback" not in res.output
+
+
+def test_plan_target_is_for_arachne_only(cluster_file: Path, tmp_path: Path) -> None:
+    base = ["plan", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64", "-s", "1024"]
+    res = CliRunner().invoke(app, base + ["--planner", "megatron", "--target", "2"])
+    assert res.exit_code == 2 and "--target" in res.output and "Traceback" not in res.output
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, base + ["--target", "0.3", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["planner"] == "arachne"

@@ -37,7 +37,7 @@ class ArachnePlanner:
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
                  use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
-                 policy_share: float = 0.2, min_screened: int = 8):
+                 policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -51,6 +51,7 @@ class ArachnePlanner:
         self.screen_share = screen_share  # of the target, for screening them (a cheap first look)
         self.policy_share = policy_share  # of the target, for the policy's beam search
         self.min_screened = min_screened  # proposals screened even when the target is spent
+        self.floor_k = floor_k  # "floor" mode: only the first k rule templates (0: all)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -77,6 +78,8 @@ class ArachnePlanner:
             mixed: list[State] = []
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
                 core, mixed = floor_states(ctx, pricer, deadline, self.floor_actions, price=False)
+                if mode == "floor" and self.floor_k:  # the ablation's equal-size rule arm: the first k rules
+                    core, mixed = core[: self.floor_k], mixed[: max(0, self.floor_k - len(core))]
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
             timed = mode == "policy" and self.use_floor  # the shipped configuration keeps to its latency target
