@@ -300,3 +300,15 @@ def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
     assert both is not None and all(a.kind == "mix" for a in both.actions)
     fast_only = State(4, (both.actions[0], Action("skip")))
     assert _mix_proxy(ctx, fast_only) > _mix_proxy(ctx, both) > 0
+
+
+def test_moe_mixed_rule_spreads_stages_over_the_node_with_experts_sharded():
+    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state
+
+    ctx = ctx_for("Mixtral-8x7B", gbs=256, seq=4096, cluster=five_type_cluster())
+    st = mixed_rule_state(ctx, 2, 1, j=2, experts=True)
+    assert [(a.tp, a.dp, a.ep) for a in st.actions] == [(1, 8, 8), (1, 8, 8)]  # 8 experts over 8-GPU nodes
+    assert all(a.stages * a.dp * a.tp * 2 <= c.count for a, c in zip(st.actions, ctx.classes))
+    assert any(a.ep > 1 for s in mixed_floor_states(ctx) for a in s.actions if a.kind == "mix")
+    dense = ctx_for("LLaMA-2-13B", gbs=256, seq=4096, cluster=five_type_cluster())
+    assert all(a.dp == 1 for s in mixed_floor_states(dense) for a in s.actions)

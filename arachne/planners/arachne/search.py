@@ -12,7 +12,7 @@ from arachne.cost import Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import Plan
-from arachne.planners.arachne.actions import Action, State, class_actions, mix_replica_options
+from arachne.planners.arachne.actions import DP_CHOICES, Action, State, class_actions, mix_replica_options
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
 from arachne.planners.arachne.template import Template, tp_options
@@ -284,9 +284,10 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
         for R in replicas:
             for tp in levels:
                 for graded in (False, True):
-                    st = mixed_rule_state(ctx, R, tp, j, graded)
-                    if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
-                        every.setdefault(st.template(), st)
+                    for experts in ((False, True) if model.is_moe else (False,)):
+                        st = mixed_rule_state(ctx, R, tp, j, graded, experts)
+                        if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
+                            every.setdefault(st.template(), st)
     ranked = sorted(every.values(), key=lambda st: -_mix_proxy(ctx, st))
     out: dict[Template, State] = {}
     for pair in zip_longest(ranked, plain):
@@ -297,19 +298,20 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
 
 
 def _mix_proxy(ctx: PlanningContext, st: State) -> float:
-    """A cheap throughput guess for ordering mixed rules, in micro-batches per second: ``R`` pipelines
+    """A cheap throughput guess for ordering mixed rules, in sequences per second: ``R`` pipelines
     whose layers are split in proportion to each stage's speed (TP traffic included), a 1F1B bubble, the
     slowest stage-to-stage transfer and gradient ring over each class's network; halved when the
     stages' memory cannot hold every layer."""
     R, S, L = st.mix_replicas, st.mixed_stages(), ctx.model.num_layers
-    m = max(1, ctx.job.global_batch_size // R)
-    act = ctx.job.sequence_length * ctx.model.hidden_size * act_bytes(ctx.job.precision)
+    mbs = max(a.dp for a in st.actions if a.kind == "mix")  # every stage's dp groups get a sequence
+    m = max(1, ctx.job.global_batch_size // (R * mbs))
+    act = mbs * ctx.job.sequence_length * ctx.model.hidden_size * act_bytes(ctx.job.precision)
     grad_bytes = 2 * ctx.model.num_params / L  # per layer, bf16
     slots = []
     for ci, a in enumerate(st.actions):
         if a.kind == "mix":
             c = ctx.classes[ci]
-            prof = ctx.slot_profile(ci, a.tp, a.dp, a.ep, a.dp, S, R * a.dp, False)
+            prof = ctx.slot_profile(ci, a.tp, a.dp, a.ep, mbs, S, R * a.dp, False)
             p2p = 2 * act / a.tp * c.node_size / c.inter_node_bw if c.node_size > 1 else 0.0
             slots.append((c, a, prof, L / max(float(prof.time_prefix[L]), 1e-12), p2p))
     rate = sum(a.stages * r for _, a, _, r, _ in slots)
@@ -321,14 +323,17 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
         if R > 1 and c.node_size > 1:
             sync = max(sync, 2 * L * r / rate * grad_bytes / a.tp * c.node_size / c.inter_node_bw)
     step = (m + S - 1) * tau + sync
-    return R * m / step * (1.0 if room >= L else 0.5)
+    return R * m * mbs / step * (1.0 if room >= L else 0.5)
 
 
 def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None,
-                     graded: bool = False) -> State | None:
+                     graded: bool = False, experts: bool = False) -> State | None:
     """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
     stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
-    it), as many as its GPUs allow per replica, scaled down to the layer count."""
+    it), as many as its GPUs allow per replica, scaled down to the layer count. ``experts`` (MoE): each
+    stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep)."""
+    from arachne.planners.arachne.template import ep_options
+
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
     acts = []
@@ -337,13 +342,17 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
             types.append(c.gpu.name)
         want = tp * (2 ** types.index(c.gpu.name) if graded else 1)
         t = max((o for o in tp_options(ctx.model, c.node_size) if o <= want), default=1)
-        acts.append((t, c.count // (R * t)))
-    total = sum(k for _, k in acts)
+        dp = 1
+        if experts:
+            dp = max((d for d in DP_CHOICES if d * t <= c.node_size and c.node_size % (d * t) == 0
+                      and c.count >= R * t * d), default=1)
+        acts.append((t, dp, ep_options(ctx.model, dp)[-1], c.count // (R * t * dp)))
+    total = sum(k for *_, k in acts)
     if total == 0:
         return None
     scale = min(1.0, ctx.model.num_layers / total)
-    st = State(R, tuple(Action("mix", t, 1, 1, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
-                        for t, k in acts))
+    st = State(R, tuple(Action("mix", t, dp, ep, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
+                        for t, dp, ep, k in acts))
     return None if st.is_empty() or sum(a.kind == "mix" for a in st.actions) < 2 else st
 
 
