@@ -70,3 +70,63 @@ def register(app: typer.Typer) -> None:
         console.print(plan_report(plan_doc, est, plan_doc.planning_time_s))
         if output is not None:
             console.print(f"plan written to {output}")
+
+    @app.command("replan")
+    @handle_errors
+    def replan_cmd(
+        cluster: Path = typer.Option(..., "--cluster", "-c", help="the changed cluster, YAML/JSON"),
+        plan: Path = typer.Option(..., "--plan", "-p", help="the running plan JSON (formats v1)"),
+        planner: str = typer.Option("arachne", "--planner", help="arachne (default) or a baseline"),
+        time_budget: float = typer.Option(60.0, "--time-budget", min=0.0, help="planning time budget, seconds"),
+        target: float | None = typer.Option(None, "--target", min=0.05, help="arachne only: latency target, s"),
+        profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
+        output: Path | None = typer.Option(None, "-o", "--output", help="write the new plan JSON here"),
+        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    ) -> None:
+        """Re-plan a running job for a changed cluster: the new plan, the old plan's fate, what moving costs."""
+        from arachne.cli.estimate_cmds import _cost_model
+        from arachne.dynamic import replan
+        from arachne.errors import InputError
+        from arachne.plan import load_plan
+        from arachne.planners.base import SearchBudget
+        from arachne.report.tables import fmt_bytes, fmt_time, plan_report
+        from arachne.spec.cluster import load_cluster
+
+        if target is not None and planner != "arachne":
+            raise InputError("", "--target", f"only the arachne planner takes a latency target, not {planner!r}")
+        if output is not None:
+            from arachne.fileio import check_writable
+
+            check_writable(output)
+        cl = load_cluster(cluster)
+        old = load_plan(plan)
+        model = old.resolve_model(str(plan))
+        options = {"target_s": target} if target is not None else {}
+        res = replan(old, cl, SearchBudget(time_budget_s=time_budget), planner, _cost_model(cl, profiles), model,
+                     **options)
+        new = res.plan.model_copy(update={"planner": old.planner if res.kept_old else planner,
+                                          "planning_time_s": old.planning_time_s if res.kept_old
+                                          else round(res.planning_time_s, 6),
+                                          "estimate": res.estimate.to_doc(details=False)})
+        if output is not None:
+            new.save(output)
+        if as_json:
+            print(json.dumps({**res.to_doc(), "plan": new.to_doc()}, indent=2))
+            return
+        mig = res.migration
+        if res.old_problem:
+            console.print(f"the running plan cannot continue on {cl.name}: {res.old_problem}")
+        else:
+            console.print(f"the running plan still runs on {cl.name}: {res.old_estimate.tokens_per_s:,.0f} tokens/s")
+        if res.kept_old:
+            console.print(f"keep it: {planner} found nothing faster in {fmt_time(res.planning_time_s)}")
+        else:
+            console.print(f"new {planner} plan: {res.estimate.tokens_per_s:,.0f} tokens/s, planned in "
+                          f"{fmt_time(res.planning_time_s)}; moving to it sends {fmt_bytes(mig.bytes_moved)} of "
+                          f"model state ({mig.devices_unchanged} of {mig.devices} GPUs keep theirs), about "
+                          f"{fmt_time(mig.seconds)} at the receiving nodes' network bandwidth")
+            if res.break_even_iterations is not None:
+                console.print(f"the move pays for itself after {res.break_even_iterations:,.1f} iterations")
+            console.print(plan_report(new, res.estimate, res.planning_time_s))
+        if output is not None:
+            console.print(f"plan written to {output}")
