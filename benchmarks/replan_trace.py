@@ -1,0 +1,169 @@
+"""Re-planning while GPUs come and go: every planner follows a GPU availability trace.
+
+Traces (Sailor's, shipped in ``arachne/data/sailor_gpu_traces.json``):
+  spot  A100 spot VMs of one GPU each, their count following the change points of Sailor's 16-GPU
+        A100 availability trace (16 -> 10 -> 9 -> 8 -> ... over 87 minutes; which VMs leave is drawn
+        with ``--seed``), beside four on-demand 4-GPU V100 nodes that stay.
+  grow  Sailor's heterogeneous trace: A100-40 in 8-GPU nodes 32 -> 80 -> 128 GPUs and V100-16 in
+        4-GPU nodes 96 -> 240 -> 384, about two minutes apart.
+
+At each change every planner re-plans from its own running plan with ``arachne.dynamic.replan``
+(the same protocol for all: keep the running plan when it still runs and nothing planned is faster;
+else move, paying the migration time). A segment trains for its duration minus the downtime:
+planning time when the running plan cannot continue, plus the migration time of a move. The table
+gives per change the GPUs and per planner tokens/s, planning time and migration seconds; the summary
+gives tokens trained over the whole trace per planner, relative to arachne.
+
+Usage:
+  python benchmarks/replan_trace.py [--trace spot|grow] [--model M --gbs N --seq S]
+                                    [--baselines sailor,metis,megatron] [--budget 10] [--out DIR]
+Writes ``<trace>.csv``/``<trace>.json`` under --out (default results/replan_trace).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse
+import csv
+import json
+import random
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from arachne.cost import CostModel
+from arachne.dynamic import replan
+from arachne.errors import NoFeasiblePlanError
+from arachne.plan import Plan
+from arachne.planners.base import SearchBudget, run_planner
+from arachne.spec.cluster import Cluster, cluster_from_dict
+from arachne.spec.job import Job
+from arachne.spec.model import model_catalog
+
+console = Console(width=180)
+
+
+def load_traces() -> dict[str, Any]:
+    return json.loads(files("arachne.data").joinpath("sailor_gpu_traces.json").read_text())
+
+
+def spot_segments(seed: int) -> list[tuple[float, list[dict]]]:
+    """(duration s, node entries) per change point: named A100 spot VMs (survivors keep their names)
+    plus four V100 nodes."""
+    points = load_traces()["a100_trace_original"]["points"]
+    rng = random.Random(seed)
+    alive: list[str] = []
+    fresh = 0
+    out = []
+    for i, (t, n) in enumerate(points):
+        while len(alive) > n:
+            alive.remove(rng.choice(alive))
+        while len(alive) < n:
+            alive.append(f"a100-spot-{fresh}")
+            fresh += 1
+        end = points[i + 1][0] if i + 1 < len(points) else t + 630.0
+        nodes = [{"name": name, "gpu": "A100-40", "gpus_per_node": 1, "inter_node_gbps": 3.0} for name in alive]
+        nodes.append({"name": "v100-{i}", "count": 4, "gpu": "V100-16", "gpus_per_node": 4, "inter_node_gbps": 6.25})
+        out.append((end - t, nodes))
+    return out
+
+
+def grow_segments() -> list[tuple[float, list[dict]]]:
+    rows = load_traces()["gpu_trace_heterogeneous_imbalanced"]["rows"]
+    out = []
+    for i, row in enumerate(rows):
+        gaps = [rows[k + 1]["timestamp"] - rows[k]["timestamp"] for k in range(len(rows) - 1)]
+        dur = rows[i + 1]["timestamp"] - row["timestamp"] if i + 1 < len(rows) else gaps[-1]
+        nodes = []
+        for key, count in row["gpus"].items():
+            gpu = key.split("_")[0]
+            size = 8 if gpu.startswith("A100") else 4
+            nodes.append({"name": f"{gpu.lower()}-{{i}}", "count": count // size, "gpu": gpu,
+                          "gpus_per_node": size, "inter_node_gbps": 12.5 if size == 8 else 6.25})
+        out.append((dur, nodes))
+    return out
+
+
+def step(planner: str, old: Plan | None, cl: Cluster, model, job: Job, budget: float) -> dict[str, Any]:
+    """One planner at one change: plan (first segment) or re-plan from its running plan."""
+    cm = CostModel(cl)
+    b = SearchBudget(time_budget_s=budget)
+    try:
+        if old is None:
+            plan, est, res = run_planner(planner, cl, model, job, cm, b)
+            return {"plan": plan, "tokens_per_s": est.tokens_per_s, "planning_s": res.stats.wall_time_s,
+                    "migration_s": 0.0, "downtime_s": res.stats.wall_time_s, "kept": False}
+        r = replan(old, cl, b, planner, cm, model)
+    except NoFeasiblePlanError:
+        return {"plan": None, "tokens_per_s": 0.0, "planning_s": budget, "migration_s": 0.0,
+                "downtime_s": float("inf"), "kept": False}
+    down = (0.0 if r.old_problem is None else r.planning_time_s) + (0.0 if r.kept_old else r.migration.seconds)
+    return {"plan": r.plan, "tokens_per_s": r.estimate.tokens_per_s, "planning_s": r.planning_time_s,
+            "migration_s": 0.0 if r.kept_old else r.migration.seconds, "downtime_s": down, "kept": r.kept_old}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", choices=["spot", "grow"], default="spot")
+    ap.add_argument("--model", default=None, help="default: GPT-3-2.7B (spot), LLaMA-2-13B (grow)")
+    ap.add_argument("--gbs", type=int, default=None, help="default: 256 (spot), 1024 (grow)")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--baselines", default="sailor,metis,megatron")
+    ap.add_argument("--budget", type=float, default=10.0, help="baselines' planning budget per change, s")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("results/replan_trace"))
+    a = ap.parse_args()
+    spot = a.trace == "spot"
+    model = model_catalog().get(a.model or ("GPT-3-2.7B" if spot else "LLaMA-2-13B"))
+    job = Job(global_batch_size=a.gbs or (256 if spot else 1024), sequence_length=a.seq)
+    segments = spot_segments(a.seed) if spot else grow_segments()
+    planners = ["arachne"] + [b for b in a.baselines.split(",") if b]
+    running: dict[str, Plan | None] = {p: None for p in planners}
+    trained = {p: 0.0 for p in planners}
+    rows = []
+    for i, (dur, nodes) in enumerate(segments):
+        cl = cluster_from_dict({"name": f"{a.trace}-{i}", "nodes": nodes})
+        row: dict[str, Any] = {"change": i, "duration_s": dur, "gpus": cl.num_gpus}
+        for p in planners:
+            r = step(p, running[p], cl, model, job, a.budget)
+            running[p] = r["plan"]
+            trained[p] += max(0.0, dur - r["downtime_s"]) * r["tokens_per_s"]
+            row.update({f"{p}_tok_s": r["tokens_per_s"], f"{p}_plan_s": r["planning_s"],
+                        f"{p}_migrate_s": r["migration_s"], f"{p}_kept": r["kept"]})
+        rows.append(row)
+        console.print(f"change {i}: {cl.num_gpus} GPUs, " + ", ".join(
+            f"{p} {row[f'{p}_tok_s']:,.0f} tok/s" for p in planners))
+    t = Table(title=f"re-planning over the {a.trace} trace: {model.name}, batch {job.global_batch_size} x "
+                    f"{job.sequence_length}; tokens/s, planning s, migration s per planner")
+    for k in ("change", "duration_s", "gpus"):
+        t.add_column(k, justify="right")
+    for p in planners:
+        t.add_column(p, justify="right")
+    for r in rows:
+        t.add_row(str(r["change"]), f"{r['duration_s']:.0f}", str(r["gpus"]),
+                  *[f"{r[f'{p}_tok_s']:,.0f} / {r[f'{p}_plan_s']:.2f} / "
+                    f"{'kept' if r[f'{p}_kept'] else format(r[f'{p}_migrate_s'], '.1f')}" for p in planners])
+    console.print(t)
+    summary = {p: {"tokens_trained": trained[p], "vs_arachne": trained[p] / trained["arachne"] if trained["arachne"]
+                   else float("nan")} for p in planners}
+    for p in planners:
+        console.print(f"{p:10s} tokens trained over the trace {trained[p]:.4g} "
+                      f"({summary[p]['vs_arachne']:.3f} of arachne's)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    with open(a.out / f"{a.trace}.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (a.out / f"{a.trace}.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                                      "rows": rows, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
