@@ -6,7 +6,7 @@ Usage:
 
 The grid mixes 2-4 GPU types (V100, T4, A10G, L4, A100-40/80, H100, H200, RTX-3090) in nodes of
 1/2/4/8 GPUs with uneven counts per type and several network tiers, from 8 to 512 GPUs: 15 cases with
-dense models from 350M to 70B parameters and 8 with three MoE models. Writes ``planners.csv`` and
+dense models from 350M to 70B parameters and 10 with five MoE models. Writes ``planners.csv`` and
 ``planners.json`` and prints, per planner: the geometric mean of throughput relative to the best
 planner of each case (over the cases it solved), the median planning time and the share of cases
 where it found no fitting plan. ``--timing`` measures planning time of the search baselines at
@@ -106,6 +106,9 @@ CASES: list[Case] = [
     Case("t4-a10g-64", CLUSTERS["t4-a10g-64"], "DeepSeek-MoE-16B", 256, 2048),
     Case("a100-v100-256", CLUSTERS["a100-v100-256"], "Mixtral-8x7B", 1024, 4096),
     Case("hopper-ampere-512", CLUSTERS["hopper-ampere-512"], "DeepSeek-MoE-16B", 2048, 4096),
+    # the catalog's fine-grained MoE (64 experts, top-8) and its largest (141B parameters)
+    Case("h200-h100-128", CLUSTERS["h200-h100-128"], "Qwen2-57B-A14B", 512, 4096),
+    Case("hopper-ampere-512", CLUSTERS["hopper-ampere-512"], "Mixtral-8x22B", 1024, 4096),
 ]
 
 QUICK = [CASES[1], CASES[3], CASES[4], CASES[6]]
