@@ -2,7 +2,7 @@
 
 Traces (Sailor's, shipped in ``arachne/data/sailor_gpu_traces.json``):
   spot  A100 spot VMs of one GPU each, their count following the change points of Sailor's 16-GPU
-        A100 availability trace (16 -> 10 -> 9 -> 8 -> ... over 87 minutes; which VMs leave is drawn
+        A100 availability trace (16 -> 10 -> 9 -> 8 -> ... over 98 minutes; which VMs leave is drawn
         with ``--seed``), beside four on-demand 4-GPU V100 nodes that stay.
   grow  Sailor's heterogeneous trace: A100-40 in 8-GPU nodes 32 -> 80 -> 128 GPUs and V100-16 in
         4-GPU nodes 96 -> 240 -> 384, about two minutes apart.
