@@ -8,13 +8,7 @@ from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.search import (
-    Pricer,
-    floor_states,
-    policy_search,
-    refine,
-    teacher_search,
-)
+from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
 from arachne.planners.completion import PlanningContext, polish_splits
 from arachne.spec.cluster import Cluster

@@ -12,12 +12,19 @@ from arachne.cost import Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import Plan
-from arachne.planners.arachne.actions import DP_CHOICES, Action, State, class_actions, mix_replica_options
+from arachne.planners.arachne.actions import (
+    DP_CHOICES,
+    STAGE_COUNTS,
+    Action,
+    State,
+    class_actions,
+    mix_replica_options,
+)
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
-from arachne.planners.arachne.template import Template, tp_options
+from arachne.planners.arachne.template import Template, ep_options, tp_options
 from arachne.planners.base import Deadline
-from arachne.planners.completion import PlanningContext, price_template
+from arachne.planners.completion import PlanningContext, price_template, split_layers
 
 
 @dataclass
@@ -224,10 +231,6 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
 
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
     """Homogeneous pipelines of class ``ci`` with the fewest stages whose layers fit (micro-batch 1)."""
-    from arachne.planners.arachne.actions import STAGE_COUNTS
-    from arachne.planners.arachne.template import ep_options, tp_options
-    from arachne.planners.completion import split_layers
-
     c, model = ctx.classes[ci], ctx.model
     L = model.num_layers
     tps = tp_options(model, c.node_size)
@@ -332,8 +335,6 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
     stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
     it), as many as its GPUs allow per replica, scaled down to the layer count. ``experts`` (MoE): each
     stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep)."""
-    from arachne.planners.arachne.template import ep_options
-
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
     acts = []
