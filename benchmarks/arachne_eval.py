@@ -2,7 +2,8 @@
 
 Usage:
   python benchmarks/arachne_eval.py optimality  [--out DIR]   # arachne / exhaustive oracle, small clusters
-  python benchmarks/arachne_eval.py ablation    [--k 24]      # policy top-K vs K random vs K rules vs all rules
+  python benchmarks/arachne_eval.py ablation    [--k 24]      # learned top-K vs policy top-K vs K random vs K rules
+                                                              # vs all rules
   python benchmarks/arachne_eval.py generalise [--budget 20]  # held-out GPU types, node sizes, sizes
   python benchmarks/arachne_eval.py latency [--baselines a,b] # planning time vs cluster size
   python benchmarks/arachne_eval.py quality [--rows FILE]     # arachne / best baseline, from the rows that
@@ -132,7 +133,7 @@ MID_JOBS = [("GPT-3-1.3B", 256, 2048), ("LLaMA-2-7B", 256, 4096), ("LLaMA-2-13B"
             ("Mixtral-8x7B", 256, 2048), ("DeepSeek-MoE-16B", 256, 2048)]
 
 
-ARMS = ("policy", "random", "floor_k", "floor")
+ARMS = ("learned", "policy", "random", "floor_k", "floor")
 
 
 def ablation(args) -> None:
@@ -142,10 +143,11 @@ def ablation(args) -> None:
         for model, gbs, seq in MID_JOBS:
             job = Job(global_batch_size=gbs, sequence_length=seq)
             r = {"cluster": cname, "model": model}
-            for arm, mode, extra in (("policy", "policy", {}), ("random", "random", {}),
+            for arm, mode, extra in (("learned", "policy", {"use_floor": True, "rank_k": args.k, "target_s": 60}),
+                                     ("policy", "policy", {"use_ranker": False}), ("random", "random", {}),
                                      ("floor_k", "floor", {"floor_k": args.k}), ("floor", "floor", {})):
-                res = run("arachne", cl, model, job, 60, mode=mode, k=args.k, use_refine=False, use_floor=False,
-                          use_polish=False, **extra)
+                kw = {"use_floor": False, **extra}
+                res = run("arachne", cl, model, job, 60, mode=mode, k=args.k, use_refine=False, use_polish=False, **kw)
                 r[arm] = res["tokens_per_s"]
             best = max(r[arm] for arm in ARMS)
             if best <= 0:
@@ -153,9 +155,10 @@ def ablation(args) -> None:
             for arm in ARMS:
                 r[f"{arm}_rel"] = r[arm] / best
             rows.append(r)
-    table(f"learning ablation: the policy's top-{args.k} templates vs {args.k} random valid templates vs the "
-          f"first {args.k} rule-based templates (floor_k) vs every rule-based template (floor); same completion "
-          "and pricing; no refinement, no split polishing", rows)
+    table(f"learning ablation: the learned ranker's first {args.k} of the policy's proposals and the rules "
+          f"(learned) vs the policy's top-{args.k} alone vs {args.k} random valid templates vs the first {args.k} "
+          "rule-based templates (floor_k) vs every rule-based template (floor); same completion and pricing; no "
+          "refinement, no split polishing", rows)
     for mode in ARMS:
         rel = [r[f"{mode}_rel"] for r in rows]
         console.print(f"{mode:7s}: geomean relative to the best arm {gmean(rel):.3f} over solved cases; "

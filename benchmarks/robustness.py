@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/robustness.py [--n 30] [--seed 0] [--budget 5] [--out results/robustness]
-                                    [--planners arachne,megatron,...]
+                                    [--planners arachne,megatron,...] [--reuse OLD/runs.json]
 
 Draws ``--n`` clusters with a seeded RNG, shaped like published production GPU inventories: 2-6 GPU
 generations from the catalog (Pascal/Volta/Turing leftovers, consumer RTX, A10/A10G/L4/L40S,
@@ -335,8 +335,21 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=5.0, help="--time-budget per planner run, seconds (default 5)")
     ap.add_argument("--out", type=Path, default=Path("results/robustness"), help="output directory")
     ap.add_argument("--planners", default=",".join(PLANNERS), help="comma-separated planners")
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="runs.json of an earlier sweep with the same --seed and --n: the runs of planners not in "
+                         "--planners are taken from it (e.g. re-run arachne only, against stored baselines)")
     args = ap.parse_args()
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    reused: dict[str, list[Run]] = {}
+    if args.reuse is not None:
+        old = json.loads(args.reuse.read_text())
+        if (old["args"]["seed"], old["args"]["n"]) != (args.seed, args.n):
+            raise SystemExit(f"{args.reuse}: args.seed/args.n: the sweep was seed {old['args']['seed']} n "
+                             f"{old['args']['n']}, not seed {args.seed} n {args.n}")
+        for r in old["runs"]:
+            if r["planner"] not in planners:
+                reused.setdefault(r["case"], []).append(Run(**r))
+        planners += [p for p in old["args"]["planners"] if p not in planners]
 
     rng = random.Random(args.seed)
     cases = [random_case(rng, i) for i in range(args.n)]
@@ -355,8 +368,10 @@ def main() -> None:
             shutil.copy(cpath, out / "clusters" / cpath.name)
             console.print(f"[{ci + 1}/{len(cases)}] {case.name}: {case.num_gpus} GPUs, {', '.join(case.types)}; "
                           f"{case.model} gbs {case.gbs} seq {case.seq}", highlight=False)
-            case_runs = []
+            case_runs = list(reused.get(case.name, []))
             for planner in planners:
+                if any(r.planner == planner for r in case_runs):
+                    continue
                 r = run_one(case, planner, cpath, work, args.budget)
                 r.command[r.command.index("--cluster") + 1] = str(out / "clusters" / cpath.name)
                 r.command[r.command.index("-o") + 1] = str(out / "plans" / f"{case.name}.{planner}.json")
@@ -427,7 +442,8 @@ def main() -> None:
         w.writeheader()
         for r in runs:
             w.writerow({k: v for k, v in asdict(r).items() if k in fields})
-    doc = {"args": {"n": args.n, "seed": args.seed, "budget": args.budget, "planners": planners},
+    doc = {"args": {"n": args.n, "seed": args.seed, "budget": args.budget, "planners": planners,
+                    "reused_from": str(args.reuse) if args.reuse else None},
            "elapsed_s": round(elapsed, 1), "summary": summary,
            "cases": [{**{k: v for k, v in asdict(c).items() if k != "doc"},
                       "cluster_file": str(out / "clusters" / f"{c.name}.yaml"),

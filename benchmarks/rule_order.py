@@ -1,15 +1,20 @@
-"""How well the mixed-pipeline rules are ordered: at large scale only the first few get screened.
+"""How well templates are ordered for screening: at large scale only the first few get screened.
 
-For every case, every mixed-rule template (``mixed_floor_states``) is screened once (the cost model's
-price at the most promising micro-batch size). An ordering then scores, for K = 2, 4, 8, the best
-screened throughput among its first K templates divided by the best of all of them. Orderings:
-  shipped  the planner's order (the throughput proxy interleaved with the plain order)
-  proxy    the throughput proxy alone (``_mix_proxy``)
-  plain    all classes at one tp level, more replicas first (the rule before the proxy existed)
+For every case, the pool -- the policy's top-24 proposals and every mixed-rule template
+(``mixed_floor_states``) -- is screened once (the cost model's price at the most promising
+micro-batch size). An ordering scores, for K = 2, 4, 8, 16, the best screened throughput among its
+first K templates divided by the best of the whole pool. Orderings:
+  learned      the learned ranker over the whole pool (``arachne train-ranker``; the planner's order)
+  interleaved  policy proposals interleaved with the rules (the planner's order before the ranker)
+  proxy        the ranker's hand-made pipeline model alone (its first feature) over the whole pool
+  rules        the mixed rules alone, in their own order (proxy interleaved with the plain order)
+  rule-proxy   the mixed rules alone, by their throughput proxy (``_mix_proxy``)
+  plain        the mixed rules, all classes at one tp level, more replicas first (the first rule)
+  random       the whole pool shuffled (mean of 5 shuffles)
 Cases: the planners grid (``benchmarks/planners.py``) and the random clusters of
-``benchmarks/robustness.py`` for each ``--seeds`` value.
+``benchmarks/robustness.py`` for each ``--seeds`` value; neither is in the ranker's training set.
 
-Usage:  python benchmarks/rule_order.py [--seeds 0,1] [--out results/rule_order]
+Usage:  python benchmarks/rule_order.py [--seeds 0,1] [--ranker FILE] [--out results/rule_order]
 """
 
 from __future__ import annotations
@@ -32,8 +37,13 @@ from rich.console import Console
 from rich.table import Table
 
 from arachne.cost import CostModel
+from itertools import zip_longest
+
 from arachne.planners.arachne.actions import mix_replica_options
-from arachne.planners.arachne.search import Pricer, _mix_proxy, mixed_floor_states, mixed_rule_state
+from arachne.planners.arachne.features import FeatureBuilder
+from arachne.planners.arachne.policy import Policy, shipped_policy
+from arachne.planners.arachne.ranker import shipped_ranker, template_matrix
+from arachne.planners.arachne.search import Pricer, _mix_proxy, mixed_floor_states, mixed_rule_state, policy_search
 from arachne.planners.arachne.template import tp_options
 from arachne.planners.completion import PlanningContext
 from arachne.spec.cluster import cluster_from_dict
@@ -41,7 +51,8 @@ from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
 
 console = Console(width=140)
-KS = (2, 4, 8)
+KS = (2, 4, 8, 16)
+ORDERS = ("learned", "interleaved", "proxy", "rules", "rule-proxy", "plain", "random")
 
 
 def _load(name: str):
@@ -78,32 +89,58 @@ def plain_order(ctx: PlanningContext) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--ranker", type=Path, default=None, help="ranker weights (default: the shipped ones)")
     ap.add_argument("--out", type=Path, default=Path("results/rule_order"))
     a = ap.parse_args()
+    ranker = Policy.load(a.ranker) if a.ranker else shipped_ranker()
+    if ranker is None:
+        raise SystemExit("no ranker: train one with `arachne train-ranker` or pass --ranker")
     rows = []
     for name, cl, model, gbs, seq in cases([int(s) for s in a.seeds.split(",") if s]):
         ctx = PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq),
                               CostModel(cl))
-        states = mixed_floor_states(ctx)
+        feats = FeatureBuilder(ctx)
+        mixed = mixed_floor_states(ctx)
+        proposed = policy_search(ctx, shipped_policy(), 24, feats)
+        pool, rule, seen = [], [], set()
+        for st, r in [(s_, False) for s_ in proposed] + [(s_, True) for s_ in mixed]:
+            if not st.is_empty() and st.template() not in seen:
+                seen.add(st.template())
+                pool.append(st)
+                rule.append(r)
         pricer = Pricer(ctx)
-        value = {st.template(): pricer.screen_state(st) for st in states}
+        value = {st.template(): pricer.screen_state(st) for st in pool}
         best = max(value.values(), default=0.0)
         if best <= 0:
             continue
-        orders = {"shipped": [st.template() for st in states],
-                  "proxy": [st.template() for st in sorted(states, key=lambda s: -_mix_proxy(ctx, s))],
+        x = template_matrix(ctx, pool, rule, feats)
+        score = ranker.logits(x)
+        tpl = [st.template() for st in pool]
+        by = lambda key: [tpl[i] for i in sorted(range(len(pool)), key=lambda i: (key(i), i))]  # noqa: E731
+        mixed_t = [st.template() for st in mixed]
+        orders = {"learned": by(lambda i: -score[i]),
+                  "interleaved": [t for pair in zip_longest([st.template() for st in proposed], mixed_t)
+                                  for t in pair if t is not None],
+                  "proxy": by(lambda i: -x[i, -2]),
+                  "rules": mixed_t,
+                  "rule-proxy": [st.template() for st in sorted(mixed, key=lambda s_: -_mix_proxy(ctx, s_))],
                   "plain": plain_order(ctx)}
-        row = {"case": name, "templates": len(states)}
+        row = {"case": name, "gpus": cl.num_gpus, "pool": len(pool), "rules": len(mixed)}
         for o, seq_ in orders.items():
+            seq_ = list(dict.fromkeys(seq_))
             for k in KS:
                 row[f"{o}@{k}"] = max((value.get(t, 0.0) for t in seq_[:k]), default=0.0) / best
+        rng = random.Random(0)
+        for k in KS:
+            row[f"random@{k}"] = statistics.mean(max(value[t] for t in rng.sample(tpl, min(k, len(tpl)))) / best
+                                                 for _ in range(5))
         rows.append(row)
-    t = Table(title=f"mixed-rule orderings over {len(rows)} cases: best of the first K screened / best of all "
-                    "(mean; cases below 0.95)")
+    t = Table(title=f"screening orders over {len(rows)} cases: best of the first K screened / best of the pool "
+                    "(mean; in brackets, cases below 0.95)")
     t.add_column("ordering")
     for k in KS:
         t.add_column(f"K={k}", justify="right")
-    for o in ("shipped", "proxy", "plain"):
+    for o in ORDERS:
         t.add_row(o, *[f"{statistics.mean(r[f'{o}@{k}'] for r in rows):.3f} "
                        f"({sum(r[f'{o}@{k}'] < 0.95 for r in rows)})" for k in KS])
     console.print(t)

@@ -1,4 +1,4 @@
-"""`arachne train-policy` and `arachne policy-info`."""
+"""`arachne train-policy`, `arachne train-ranker` and `arachne policy-info`."""
 
 from __future__ import annotations
 
@@ -28,11 +28,8 @@ def register(app: typer.Typer) -> None:
         data: Path | None = typer.Option(None, "--data", help="retrain from a saved data.npz (no teacher run)"),
     ) -> None:
         """Train the template policy offline (teacher labels, imitation + reward ranking, DAgger)."""
-        import shutil
-
-        from arachne.planners.arachne.policy import WEIGHTS_FILE
         from arachne.planners.arachne.train.learn import TrainConfig
-        from arachne.planners.arachne.train.pipeline import PipelineConfig
+        from arachne.planners.arachne.train.pipeline import OUTPUT_FILES, PipelineConfig
 
         cfg = PipelineConfig(clusters=clusters, val_clusters=val_clusters, rounds=rounds, workers=workers,
                              address=address, seed=seed, teacher_seconds=teacher_seconds, teacher_beam=teacher_beam,
@@ -55,11 +52,16 @@ def register(app: typer.Typer) -> None:
                       f"kept epoch {best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
                       f"wrote {out}/policy.npz, report.json, curve.png")
         if install:
-            target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
-            shutil.copy(out / "policy.npz", target / WEIGHTS_FILE)
-            shutil.copy(out / "report.json", target / "report.json")
-            shutil.copy(out / "curve.png", target / "curve.png")
-            console.print(f"installed into {target}")
+            _install(out, OUTPUT_FILES)
+
+    def _install(out: Path, files: tuple[str, ...]) -> None:
+        """Copy a training run's checkpoint, report and curve over the shipped ones."""
+        import shutil
+
+        target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
+        for f in files:
+            shutil.copy(out / f, target / f)
+        console.print(f"installed into {target}")
 
     def _run(cfg, out, clusters, val_clusters, rounds):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -73,10 +75,43 @@ def register(app: typer.Typer) -> None:
             return run_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
                                 log=lambda s: err_console.print(s))
 
+    @app.command("train-ranker")
+    @handle_errors
+    def train_ranker_cmd(
+        clusters: int = typer.Option(1500, "--clusters", min=2, help="training problems (cluster + model + job)"),
+        val_clusters: int = typer.Option(150, "--val-clusters", min=1, help="validation problems"),
+        workers: int = typer.Option(1, "--workers", min=1, help="parallel workers (Ray when > 1)"),
+        address: str | None = typer.Option(None, "--address", help="Ray cluster address (e.g. ray://head:10001)"),
+        seed: int = typer.Option(11, "--seed"),
+        epochs: int = typer.Option(60, "--epochs", min=1),
+        out: Path = typer.Option(Path("results/ranker"), "-o", "--out", help="output directory"),
+        install: bool = typer.Option(False, "--install", help="also replace the shipped ranker"),
+    ) -> None:
+        """Train the screening order: rank the policy's proposals and the rule templates together."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from arachne.planners.arachne.train.learn import TrainConfig
+        from arachne.planners.arachne.train.ranker import RANKER_OUTPUTS, RankerConfig, run_ranker_pipeline
+
+        cfg = RankerConfig(clusters=clusters, val_clusters=val_clusters, workers=workers, address=address, seed=seed,
+                           train=TrainConfig(hidden=128, epochs=epochs, batch_decisions=64, tau=0.05, seed=seed))
+        with Progress(TextColumn("screening template pools"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console) as prog:
+            task = prog.add_task("pools", total=clusters + val_clusters)
+            _, info = run_ranker_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
+                                          log=lambda s: err_console.print(s))
+        curve = info["rounds"][-1]["curve"]
+        best = min(curve, key=lambda r: r.get("val_loss", r["train_loss"]))
+        console.print(f"trained on {info['training_problems']} pools, {info['templates']} templates; kept epoch "
+                      f"{best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
+                      f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png")
+        if install:
+            _install(out, RANKER_OUTPUTS)
+
     @app.command("policy-info")
     @handle_errors
     def policy_info(as_json: bool = typer.Option(False, "--json")) -> None:
-        """What the shipped policy checkpoint was trained on."""
+        """What the shipped policy and ranker checkpoints were trained on."""
         from arachne.planners.arachne.policy import shipped_policy
 
         pol = shipped_policy()
@@ -85,7 +120,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         info = dict(pol.info)
         if as_json:
-            print(json.dumps(info, indent=1))
+            from arachne.planners.arachne.ranker import shipped_ranker
+
+            rk = shipped_ranker()
+            print(json.dumps({**info, "ranker": rk.info if rk is not None else None}, indent=1))
             return
         cfg = info.get("config", {})
         params = sum(w.size + b.size for w, b in pol.layers)
@@ -111,3 +149,24 @@ def register(app: typer.Typer) -> None:
         for k, v in rows:
             t.add_row(k, v)
         console.print(t)
+        from arachne.planners.arachne.ranker import shipped_ranker
+
+        rk = shipped_ranker()
+        if rk is None:
+            console.print("no ranker checkpoint is shipped: proposals and rules are screened interleaved")
+            return
+        rinfo, rcfg = rk.info, rk.info.get("config", {})
+        kept = min(rinfo["rounds"][-1]["curve"], key=lambda r: r.get("val_loss", r["train_loss"]))
+        r = Table(title="arachne ranker checkpoint (the screening order)", show_header=False)
+        r.add_column("what")
+        r.add_column("value")
+        for k, v in (("trained", rinfo.get("trained_at", "?")),
+                     ("problems / templates", f"{rinfo.get('training_problems')} / {rinfo.get('templates')}"),
+                     ("seed", str(rcfg.get("seed"))),
+                     ("network", f"{len(rk.layers)} layers, {sum(w.size + b.size for w, b in rk.layers):,} "
+                                 f"parameters, input {rk.mean.shape[0]} features"),
+                     ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} "
+                                                       f"(epoch {kept['epoch']})"),
+                     ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s")):
+            r.add_row(k, v)
+        console.print(r)

@@ -8,6 +8,7 @@ from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
+from arachne.planners.arachne.ranker import rank_states, shipped_ranker
 from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
 from arachne.planners.completion import PlanningContext, polish_splits
@@ -18,8 +19,8 @@ from arachne.spec.model import ModelSpec
 
 @register("arachne")
 class ArachnePlanner:
-    """Top-k templates from the learned policy plus rule-based floor templates, completed and priced,
-    then a short priced local refinement of the best one.
+    """Top-k templates from the learned policy plus rule-based floor templates, ordered for screening
+    by the learned ranker, completed and priced, then a short priced local refinement of the best one.
 
     ``mode``: "policy" (default; falls back to "teacher" when no checkpoint is shipped), "teacher"
     (priced beam search: the offline teacher), "floor" (rule-based templates only), "random"
@@ -31,7 +32,8 @@ class ArachnePlanner:
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
                  use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
-                 policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0):
+                 policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
+                 ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -46,6 +48,8 @@ class ArachnePlanner:
         self.policy_share = policy_share  # of the target, for the policy's beam search
         self.min_screened = min_screened  # proposals screened even when the target is spent
         self.floor_k = floor_k  # "floor" mode: only the first k rule templates (0: all)
+        self.ranker, self.use_ranker = ranker, use_ranker  # the learned screening order (default: shipped)
+        self.rank_k = rank_k  # the ablation's learned arm: only the ranker's first k templates, nothing else
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -63,8 +67,9 @@ class ArachnePlanner:
             # then the policy's proposals interleaved with the mixed-pipeline rules
             phase1 = Deadline(min(deadline.remaining, max(0.0, target * self.phase1_share - deadline.elapsed)))
             proposed: list[State] = []
+            feats = FeatureBuilder(ctx)
             if mode == "policy":  # beams narrow to one action each once their share of the target is spent
-                proposed = policy_search(ctx, policy, self.k, FeatureBuilder(ctx),
+                proposed = policy_search(ctx, policy, self.k, feats,
                                          Deadline(min(deadline.remaining, target * self.policy_share)))
             elif mode == "random":
                 proposed = random_states(ctx, self.k, budget.seed)
@@ -91,9 +96,17 @@ class ArachnePlanner:
                     break
                 pricer.price_state(st)
                 advance(1)
-            # the rest is screened first (cheap; a few of each kind always), then the most promising are
-            # priced in full
-            rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
+            # the rest is screened first (cheap), in the learned ranker's order (without one: proposals and
+            # rules interleaved), then the most promising are priced in full
+            ranker = (self.ranker or shipped_ranker()) if self.use_ranker and mode == "policy" else None
+            if ranker is not None:
+                pool = _unique([(st, False) for st in proposed] + [(st, True) for st in mixed])
+                rest = rank_states(ctx, ranker, [st for st, _ in pool], [r for _, r in pool], feats)
+                stats.notes["ranked"] = len(rest)
+                if self.rank_k:
+                    core, rest = [], rest[: self.rank_k]
+            else:
+                rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
             screen_until = Deadline(max(0.0, target * self.screen_share - deadline.elapsed))
             screened = []
             for i, st in enumerate(rest):
@@ -120,7 +133,7 @@ class ArachnePlanner:
                         if deadline.expired() or pricer.price_state(st) > 0:
                             break
                     best = pricer.best()
-            elif best is not None and mode == "policy" and self.use_floor:
+            elif best is not None and mode == "policy" and self.use_floor and not self.rank_k:
                 # the priced teacher as a safety net, for a share of what the latency target leaves
                 spare = polish_at - deadline.elapsed
                 if spare > 0.05:
@@ -146,6 +159,17 @@ class ArachnePlanner:
             stats.notes["closest_unfit"] = ctx.closest_unfit[1]
         stats.timed_out = stats.timed_out or deadline.expired()
         return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
+
+
+def _unique(tagged: list[tuple[State, bool]]) -> list[tuple[State, bool]]:
+    """The first of each template (a policy proposal and a rule can build the same one)."""
+    seen, out = set(), []
+    for st, tag in tagged:
+        tpl = st.template()
+        if not st.is_empty() and tpl not in seen:
+            seen.add(tpl)
+            out.append((st, tag))
+    return out
 
 
 def random_states(ctx: PlanningContext, k: int, seed: int) -> list[State]:

@@ -50,14 +50,19 @@ class Policy:
             return cls(layers, z["mean"], z["std"], json.loads(str(z["info"])))
 
 
-@lru_cache(maxsize=1)
-def shipped_policy() -> Policy | None:
-    """The checkpoint inside the package, or None when none has been trained yet."""
+def load_shipped(name: str) -> Policy | None:
+    """A checkpoint inside the package's weights folder, or None when none has been trained yet."""
     try:
-        ref = resources.files(WEIGHTS_PACKAGE).joinpath(WEIGHTS_FILE)
+        ref = resources.files(WEIGHTS_PACKAGE).joinpath(name)
         if not ref.is_file():
             return None
         with resources.as_file(ref) as p:
             return Policy.load(p)
     except (ModuleNotFoundError, FileNotFoundError):
         return None
+
+
+@lru_cache(maxsize=1)
+def shipped_policy() -> Policy | None:
+    """The policy checkpoint inside the package, or None when none has been trained yet."""
+    return load_shipped(WEIGHTS_FILE)

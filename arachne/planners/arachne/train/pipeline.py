@@ -41,27 +41,34 @@ def label_all(problems: list[Problem], cfg: PipelineConfig, policy: Policy | Non
               advance: Callable[[int], None]) -> list[Labelled]:
     """Teacher-label problems: in-process, or spread over Ray workers."""
     tasks = [(p, cfg.teacher_beam, cfg.teacher_seconds, policy) for p in problems]
-    if cfg.workers <= 1 and cfg.address is None:
+    return [r for r in map_tasks(_label_task, tasks, cfg.workers, cfg.address, advance) if r is not None]
+
+
+def map_tasks(fn: Callable, tasks: list, workers: int, address: str | None,
+              advance: Callable[[int], None]) -> list:
+    """``[fn(t) for t in tasks]``, in-process or on Ray (a local one with ``workers`` CPUs, or the
+    cluster at ``address``); results keep the order of ``tasks``."""
+    if workers <= 1 and address is None:
         out = []
         for t in tasks:
-            out.append(_label_task(t))
+            out.append(fn(t))
             advance(1)
         return out
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=cfg.address, num_cpus=None if cfg.address else cfg.workers, include_dashboard=False,
+        ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
-    remote = ray.remote(_label_task)
+    remote = ray.remote(fn)
     pending = [remote.remote(t) for t in tasks]
     index = {ref: i for i, ref in enumerate(pending)}
-    results: list[Labelled | None] = [None] * len(tasks)
+    results: list = [None] * len(tasks)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         for ref in done:
             results[index[ref]] = ray.get(ref)
             advance(1)
-    return [r for r in results if r is not None]
+    return results
 
 
 def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None = None,
@@ -136,13 +143,17 @@ def retrain(data: Path, cfg: PipelineConfig, out_dir: Path, info_from: dict | No
     return write_outputs(policy, info, out_dir)
 
 
-def write_outputs(policy: Policy, info: dict, out_dir: Path) -> tuple[Policy, dict]:
-    """policy.npz (weights + info), report.json and curve.png in ``out_dir``."""
+OUTPUT_FILES = ("policy.npz", "report.json", "curve.png")
+
+
+def write_outputs(policy: Policy, info: dict, out_dir: Path,
+                  files: tuple[str, str, str] = OUTPUT_FILES) -> tuple[Policy, dict]:
+    """Weights (+ info), report and training curve in ``out_dir`` (policy.npz, report.json, curve.png)."""
     policy.info = info
     out_dir.mkdir(parents=True, exist_ok=True)
-    policy.save(out_dir / "policy.npz")
-    (out_dir / "report.json").write_text(json.dumps(info, indent=1))
-    plot_curve(info, out_dir / "curve.png")
+    policy.save(out_dir / files[0])
+    (out_dir / files[1]).write_text(json.dumps(info, indent=1))
+    plot_curve(info, out_dir / files[2])
     return policy, info
 
 
