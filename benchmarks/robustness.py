@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/robustness.py [--n 30] [--seed 0] [--budget 5] [--out results/robustness]
                                     [--planners arachne,megatron,...] [--reuse OLD/runs.json]
+    python benchmarks/robustness.py --summarize DIR1/runs.json DIR2/runs.json ...   # several sweeps in one line
 
 Draws ``--n`` clusters with a seeded RNG, shaped like published production GPU inventories: 2-6 GPU
 generations from the catalog (Pascal/Volta/Turing leftovers, consumer RTX, A10/A10G/L4/L40S,
@@ -327,7 +328,38 @@ def fmt_tok(run: Run | None) -> str:
     return text
 
 
+def ratio_summary(ratios: list[float | None]) -> str:
+    """One line: arachne over the best baseline, over the cases where both found a plan."""
+    xs = [r for r in ratios if r is not None and r > 0]
+    if not xs:
+        return "arachne vs the best baseline: no case where both found a plan"
+    g = math.exp(sum(math.log(x) for x in xs) / len(xs))
+    return (f"arachne vs the best baseline over {len(xs)} cases: geomean {g:.3f}, min {min(xs):.3f}, "
+            f">= 0.99x on {sum(x >= 0.99 for x in xs)}/{len(xs)}, >= 1.0x on {sum(x >= 1.0 for x in xs)}/{len(xs)}")
+
+
+def summarize(paths: list[Path]) -> None:
+    """The summary line over several sweeps' runs.json (e.g. one per seed), plus their worst cases."""
+    ratios, worst = [], []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        for c in doc["cases"]:
+            ratios.append(c["arachne_vs_best_baseline"])
+            if c["arachne_vs_best_baseline"] is not None:
+                worst.append((c["arachne_vs_best_baseline"], f"{path.parent.name}/{c['name']}", c["best_baseline"]))
+        walls = [r["wall_s"] for r in doc["runs"] if r["planner"] == "arachne"]
+        if walls:
+            console.print(f"{path}: arachne wall time median {statistics.median(walls):.2f} s, "
+                          f"max {max(walls):.2f} s", highlight=False)
+    console.print(ratio_summary(ratios), highlight=False)
+    for v, name, base in sorted(worst)[:3]:
+        console.print(f"  {name}: {v:.3f}x {base}", highlight=False)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":
+        summarize([Path(a) for a in sys.argv[2:]])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=30, help="number of random clusters (default 30)")
@@ -431,6 +463,7 @@ def main() -> None:
         console.print(f"FLAG {r.case} {r.planner}: {r.status}{' over-time' if r.over_time else ''}"
                       f"{' miss' if r.miss else ''} rc={r.rc} {r.wall_s:.1f}s: {r.stderr_tail}",
                       highlight=False, markup=False)
+    console.print(ratio_summary(list(ratios.values())), highlight=False)
     worse = {c: v for c, v in ratios.items() if v is not None and v < 0.99}
     for c, v in worse.items():
         console.print(f"ARACHNE WORSE {c}: {v:.3f}x {best_of[c]} ({out / 'clusters' / (c + '.yaml')})",
