@@ -11,6 +11,8 @@ first K templates divided by the best of the whole pool. Orderings:
   rule-proxy   the mixed rules alone, by their throughput proxy (``_mix_proxy``)
   plain        the mixed rules, all classes at one tp level, more replicas first (the first rule)
   random       the whole pool shuffled (mean of 5 shuffles)
+It also prints how much the policy's proposals add: the best of every rule template (the floor's
+core and the mixed rules), screened, against the best with the proposals.
 Cases: the planners grid (``benchmarks/planners.py``) and the random clusters of
 ``benchmarks/robustness.py`` for each ``--seeds`` value; neither is in the ranker's training set.
 
@@ -43,7 +45,14 @@ from arachne.planners.arachne.actions import mix_replica_options
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
 from arachne.planners.arachne.ranker import shipped_ranker, template_matrix
-from arachne.planners.arachne.search import Pricer, _mix_proxy, mixed_floor_states, mixed_rule_state, policy_search
+from arachne.planners.arachne.search import (
+    Pricer,
+    _mix_proxy,
+    floor_states,
+    mixed_floor_states,
+    mixed_rule_state,
+    policy_search,
+)
 from arachne.planners.arachne.template import tp_options
 from arachne.planners.completion import PlanningContext
 from arachne.spec.cluster import cluster_from_dict
@@ -125,7 +134,12 @@ def main() -> None:
                   "rules": mixed_t,
                   "rule-proxy": [st.template() for st in sorted(mixed, key=lambda s_: -_mix_proxy(ctx, s_))],
                   "plain": plain_order(ctx)}
-        row = {"case": name, "gpus": cl.num_gpus, "pool": len(pool), "rules": len(mixed)}
+        # how much the policy's proposals add: the best of every rule template (the floor's core and the
+        # mixed rules) over the best of the pool and the core
+        core, _ = floor_states(ctx, pricer, price=False)
+        rule_best = max([value.get(t, 0.0) for t in mixed_t] + [pricer.screen_state(st) for st in core])
+        row = {"case": name, "gpus": cl.num_gpus, "pool": len(pool), "rules": len(mixed),
+               "rules@all": rule_best / max(best, rule_best)}
         for o, seq_ in orders.items():
             seq_ = list(dict.fromkeys(seq_))
             for k in KS:
@@ -144,6 +158,10 @@ def main() -> None:
         t.add_row(o, *[f"{statistics.mean(r[f'{o}@{k}'] for r in rows):.3f} "
                        f"({sum(r[f'{o}@{k}'] < 0.95 for r in rows)})" for k in KS])
     console.print(t)
+    alone = [r["rules@all"] for r in rows]
+    console.print(f"every rule template screened (core and mixed), without the policy's proposals: mean "
+                  f"{statistics.mean(alone):.3f} of the best with them; a proposal beats every rule template in "
+                  f"{sum(x < 1 for x in alone)}/{len(rows)} cases, by more than 2% in {sum(x < 0.98 for x in alone)}")
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "rule_order.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
