@@ -27,9 +27,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import csv
 import importlib.util
-import json
 import random
 import statistics
 import sys
@@ -162,12 +160,7 @@ def main() -> None:
     console.print(f"every rule template screened (core and mixed), without the policy's proposals: mean "
                   f"{statistics.mean(alone):.3f} of the best with them; a proposal beats every rule template in "
                   f"{sum(x < 1 for x in alone)}/{len(rows)} cases, by more than 2% in {sum(x < 0.98 for x in alone)}")
-    a.out.mkdir(parents=True, exist_ok=True)
-    with open(a.out / "rule_order.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (a.out / "rule_order.json").write_text(json.dumps(rows, indent=1))
+    _load("arachne_eval").write(a.out, "rule_order", rows)
 
 
 if __name__ == "__main__":

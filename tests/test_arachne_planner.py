@@ -312,3 +312,18 @@ def test_moe_mixed_rule_spreads_stages_over_the_node_with_experts_sharded():
     assert any(a.ep > 1 for s in mixed_floor_states(ctx) for a in s.actions if a.kind == "mix")
     dense = ctx_for("LLaMA-2-13B", gbs=256, seq=4096, cluster=five_type_cluster())
     assert all(a.dp == 1 for s in mixed_floor_states(dense) for a in s.actions)
+
+
+def test_a_longer_target_extends_the_default_pass_and_never_loses():
+    """Beyond the default target the planner runs the default pass first, then keeps improving on it."""
+    cl = cluster_from_dict({"name": "m", "nodes": [
+        {"name": "h{i}", "count": 2, "gpu": "H100", "gpus_per_node": 8},
+        {"name": "a{i}", "count": 3, "gpu": "A100-40", "gpus_per_node": 8},
+        {"name": "t{i}", "count": 8, "gpu": "T4", "gpus_per_node": 4}]})
+    m, job = model_catalog().get("LLaMA-2-13B"), Job(global_batch_size=256, sequence_length=2048)
+    _, short, r1 = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10), target_s=0.8)
+    plan, long_, r2 = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10), target_s=2.0)
+    assert "extended_s" not in r1.stats.notes and r2.stats.notes["extended_s"] > 0.5
+    assert long_.tokens_per_s >= short.tokens_per_s * (1 - 1e-9)
+    validate_plan(plan, cl)
+    assert long_.fits

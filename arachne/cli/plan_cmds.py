@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         target: float | None = typer.Option(
             None, "--target", min=0.05,
             help="arachne only: seconds the search aims to finish in (default 0.8, capped by --time-budget); "
-                 "a longer target prices more proposals"),
+                 "a longer target runs the default search first, then keeps improving on it"),
     ) -> None:
         """Find a fast plan that fits, print it with its estimate, optionally write the plan JSON."""
         import sys

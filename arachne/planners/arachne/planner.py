@@ -17,6 +17,9 @@ from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
 
 
+BASE_TARGET_S = 0.8  # the default latency target, s
+
+
 @register("arachne")
 class ArachnePlanner:
     """Top-k templates from the learned policy plus rule-based floor templates, ordered for screening
@@ -30,7 +33,7 @@ class ArachnePlanner:
 
     def __init__(self, k: int = 24, mode: str = "policy", floor_actions: int = 0, teacher_beam: int = 2,
                  policy: Policy | None = None, use_refine: bool = True, use_floor: bool = True,
-                 use_polish: bool = True, target_s: float = 0.8, polish_share: float = 0.15,
+                 use_polish: bool = True, target_s: float = BASE_TARGET_S, polish_share: float = 0.15,
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
                  ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0):
@@ -54,7 +57,11 @@ class ArachnePlanner:
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
         deadline = budget.deadline()
-        target = min(self.target_s, deadline.seconds)
+        full_target = min(self.target_s, deadline.seconds)
+        # a target beyond the default runs the default pass first and spends the rest improving on it, so
+        # more time does not change (and lose) what the default would have found
+        extend = self.mode == "policy" and self.use_floor and not self.rank_k and full_target > BASE_TARGET_S
+        target = BASE_TARGET_S if extend else full_target
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
         ctx = PlanningContext(cluster, model, job, cost_model)
         pricer = Pricer(ctx)
@@ -145,20 +152,55 @@ class ArachnePlanner:
                 if start is not None:
                     refine(ctx, pricer, start, Deadline(min(max(0.0, polish_at - deadline.elapsed),
                                                             deadline.remaining)))
-        ranked = sorted(pricer.results(),  # distinct plans, fastest first
+            polished = self._polish(pricer, [], cost_model, target, deadline)
+            if extend and pricer.best() is not None:
+                stats.notes["extended_s"] = round(full_target - deadline.elapsed, 3)
+                end = full_target * (1 - self.polish_share) if self.use_polish else full_target
+                self._extend(ctx, pricer, screened, Deadline(min(max(0.0, end - deadline.elapsed), deadline.remaining)))
+                polished = self._polish(pricer, polished, cost_model, full_target, deadline)
+        ranked = sorted(pricer.results() + polished,  # distinct plans, fastest first
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
-        if ranked and self.use_polish:
-            sub = Deadline(min(max(0.05, target - deadline.elapsed), deadline.remaining))
-            for plan, est in list(ranked[:3]):
-                polished = polish_splits(plan, est, cost_model, deadline=sub)
-                if polished[0] is not plan:
-                    ranked.append(polished)
-            ranked.sort(key=lambda r: -r[1].tokens_per_s)
         stats.candidates = len(pricer.cache) + len(pricer.screened)
         if ctx.closest_unfit is not None:
             stats.notes["closest_unfit"] = ctx.closest_unfit[1]
         stats.timed_out = stats.timed_out or deadline.expired()
         return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
+
+
+    def _polish(self, pricer: Pricer, polished: list, cost_model: CostModel, until: float,
+                deadline: Deadline) -> list:
+        """Stage boundaries of the three fastest plans so far, moved while ``until`` lasts; the polished
+        plans found are added to ``polished``."""
+        if not self.use_polish:
+            return polished
+        top = sorted(pricer.results() + polished, key=lambda r: -r[1].tokens_per_s)[:3]
+        sub = Deadline(min(max(0.05, until - deadline.elapsed), deadline.remaining))
+        for plan, est in top:
+            better = polish_splits(plan, est, cost_model, deadline=sub)
+            if better[0] is not plan:
+                polished = polished + [better]
+        return polished
+
+    def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline) -> None:
+        """Time beyond the default target: price the rest of the screened templates in full (best screened
+        first), a wider priced teacher, then refinement from each of the three best templates."""
+        share = Deadline(until.remaining * 0.4)
+        for v, st in screened:
+            if v <= 0 or share.expired():
+                break
+            pricer.price_state(st)
+        teacher_search(ctx, pricer, self.teacher_beam + 1, Deadline(until.remaining * 0.4))
+        tops = sorted(((v, st) for st, v in pricer.visited.items() if v > 0), key=lambda x: -x[0])
+        starts: list[State] = []
+        for _, st in tops:
+            if st.template() not in {s.template() for s in starts}:
+                starts.append(st)
+            if len(starts) == 3:
+                break
+        for i, st in enumerate(starts):
+            if until.expired():
+                break
+            refine(ctx, pricer, st, Deadline(until.remaining / (len(starts) - i)))
 
 
 def _unique(tagged: list[tuple[State, bool]]) -> list[tuple[State, bool]]:
