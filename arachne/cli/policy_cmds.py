@@ -53,6 +53,8 @@ def register(app: typer.Typer) -> None:
                       f"wrote {out}/policy.npz, report.json, curve.png")
         if install:
             _install(out, OUTPUT_FILES)
+            err_console.print("the shipped ranker orders the previous policy's proposals: retrain it with "
+                              "`arachne train-ranker --install`")
 
     def _install(out: Path, files: tuple[str, ...]) -> None:
         """Copy a training run's checkpoint, report and curve over the shipped ones."""
@@ -163,6 +165,7 @@ def register(app: typer.Typer) -> None:
         for k, v in (("trained", rinfo.get("trained_at", "?")),
                      ("problems / templates", f"{rinfo.get('training_problems')} / {rinfo.get('templates')}"),
                      ("seed", str(rcfg.get("seed"))),
+                     ("policy ranked", (rinfo.get("policy_sha256") or "?")[:12]),
                      ("network", f"{len(rk.layers)} layers, {sum(w.size + b.size for w, b in rk.layers):,} "
                                  f"parameters, input {rk.mean.shape[0]} features"),
                      ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} "
@@ -170,3 +173,8 @@ def register(app: typer.Typer) -> None:
                      ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s")):
             r.add_row(k, v)
         console.print(r)
+        from arachne.planners.arachne.policy import shipped_sha256
+
+        if rinfo.get("policy_sha256") != shipped_sha256():
+            err_console.print("warning: the ranker was trained on the proposals of another policy checkpoint; "
+                              "retrain it with `arachne train-ranker`")

@@ -129,3 +129,14 @@ def test_policy_info_reports_the_shipped_ranker():
     assert info["ranker"]["templates"] > info["ranker"]["training_problems"] > 0
     res = CliRunner().invoke(app, ["policy-info"])
     assert res.exit_code == 0 and "ranker checkpoint" in res.output
+
+
+def test_the_shipped_ranker_was_trained_on_the_shipped_policy():
+    """The ranker learns to order this policy's proposals: a new policy checkpoint needs a new ranker."""
+    from arachne.planners.arachne.policy import shipped_sha256
+    from arachne.planners.arachne.ranker import shipped_ranker
+
+    rk = shipped_ranker()
+    if rk is None or shipped_policy() is None:
+        pytest.skip("no checkpoints shipped")
+    assert rk.info.get("policy_sha256") == shipped_sha256(), "retrain the ranker: arachne train-ranker --install"

@@ -62,6 +62,17 @@ def load_shipped(name: str) -> Policy | None:
         return None
 
 
+def shipped_sha256(name: str = WEIGHTS_FILE) -> str | None:
+    """SHA-256 of a shipped checkpoint file (None when absent): ties a ranker to the policy it ranked."""
+    import hashlib
+
+    try:
+        ref = resources.files(WEIGHTS_PACKAGE).joinpath(name)
+        return hashlib.sha256(ref.read_bytes()).hexdigest() if ref.is_file() else None
+    except (ModuleNotFoundError, FileNotFoundError):
+        return None
+
+
 @lru_cache(maxsize=1)
 def shipped_policy() -> Policy | None:
     """The policy checkpoint inside the package, or None when none has been trained yet."""

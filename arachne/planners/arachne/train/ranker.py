@@ -14,7 +14,7 @@ import numpy as np
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy, shipped_policy
+from arachne.planners.arachne.policy import Policy, shipped_policy, shipped_sha256
 from arachne.planners.arachne.ranker import template_matrix
 from arachne.planners.arachne.search import Pricer, mixed_floor_states, policy_search
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
@@ -85,7 +85,8 @@ def run_ranker_pipeline(cfg: RankerConfig, out_dir: Path, progress: Callable | N
     d["problems"]["node_sizes"] = list(d["problems"]["node_sizes"])
     d["problems"]["exclude_gpus"] = list(d["problems"]["exclude_gpus"])
     info = {"what": "template ranker (screening order)", "config": d, "trained_at": time.strftime("%Y-%m-%d"),
-            "training_problems": len(train), "templates": sum(len(r.values) for r in train)}
+            "training_problems": len(train), "templates": sum(len(r.values) for r in train),
+            "policy_sha256": shipped_sha256()}  # the policy whose proposals were ranked
     ranker, curve = train_policy(train, val, cfg.train, info)
     info["rounds"] = [{"round": 1, "decisions": len(train), "curve": curve}]
     info["wall_time_s"] = time.perf_counter() - t0
