@@ -58,8 +58,8 @@ def main() -> None:
         row = {"case": name, "gpus": cl.num_gpus, "model": rc.model}
         for t in targets:
             t0 = time.perf_counter()
-            _, est, _ = run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=max(20, 2 * t)),
-                                    target_s=t)
+            _, est, _ = run_planner("arachne", cl, model, job, CostModel(cl),
+                                    SearchBudget(time_budget_s=max(20, 2 * t)), target_s=t)
             row[f"tok_s@{t:g}"], row[f"s@{t:g}"] = est.tokens_per_s, time.perf_counter() - t0
         for t in targets[1:]:
             row[f"ratio@{t:g}"] = row[f"tok_s@{t:g}"] / row[f"tok_s@{targets[0]:g}"]

@@ -16,7 +16,8 @@ def robustness(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_robustness_reuses_stored_runs_and_summarizes(tmp_path):
-    base = robustness("--n", "1", "--seed", "4", "--budget", "3", "--planners", "megatron", "--out", str(tmp_path / "b"))
+    base = robustness("--n", "1", "--seed", "4", "--budget", "3", "--planners", "megatron",
+                      "--out", str(tmp_path / "b"))
     assert base.returncode == 0, base.stderr[-2000:]
     again = robustness("--n", "1", "--seed", "4", "--budget", "3", "--planners", "arachne",
                        "--reuse", str(tmp_path / "b" / "runs.json"), "--out", str(tmp_path / "a"))

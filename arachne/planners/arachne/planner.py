@@ -156,7 +156,8 @@ class ArachnePlanner:
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - deadline.elapsed, 3)
                 end = full_target * (1 - self.polish_share) if self.use_polish else full_target
-                self._extend(ctx, pricer, screened, Deadline(min(max(0.0, end - deadline.elapsed), deadline.remaining)))
+                self._extend(ctx, pricer, screened,
+                             Deadline(min(max(0.0, end - deadline.elapsed), deadline.remaining)))
                 polished = self._polish(pricer, polished, cost_model, full_target, deadline)
         ranked = sorted(pricer.results() + polished,  # distinct plans, fastest first
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
@@ -165,7 +166,6 @@ class ArachnePlanner:
             stats.notes["closest_unfit"] = ctx.closest_unfit[1]
         stats.timed_out = stats.timed_out or deadline.expired()
         return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
-
 
     def _polish(self, pricer: Pricer, polished: list, cost_model: CostModel, until: float,
                 deadline: Deadline) -> list:
