@@ -327,3 +327,29 @@ def test_a_longer_target_extends_the_default_pass_and_never_loses():
     assert long_.tokens_per_s >= short.tokens_per_s * (1 - 1e-9)
     validate_plan(plan, cl)
     assert long_.fits
+
+
+def test_replica_variants_keep_one_nodes_worth():
+    from arachne.planners.arachne.actions import replica_variants
+
+    ctx = ctx_for(cluster=cluster_from_dict({"name": "b", "nodes": [
+        {"name": "b{i}", "count": 4, "gpu": "B200", "gpus_per_node": 8, "inter_node_gbps": 1.25}]}))
+    c = ctx.classes[0]
+    assert replica_variants(Action("own", 1, 1, 1, 2, 16), c) == [Action("own", 1, 1, 1, 2, 4)]
+    assert replica_variants(Action("own", 4, 1, 1, 4, 2), c) == [Action("own", 4, 1, 1, 4, 1)]  # spans nodes
+    assert replica_variants(Action("own", 1, 1, 1, 8, 1), c) == []
+    assert replica_variants(Action("mix", 1, 1, 1, 2, 4), c) == []
+
+
+def test_on_a_crawling_inter_node_network_the_job_stays_in_one_node():
+    """Data parallelism over 10 Gb/s links loses to one node's worth of GPUs: arachne must see that."""
+    cl = cluster_from_dict({"name": "slow", "nodes": [
+        {"name": "b{i}", "count": 4, "gpu": "B200", "gpus_per_node": 8, "inter_node_gbps": 1.25}]})
+    m, job = model_catalog().get("Qwen2-57B-A14B"), Job(global_batch_size=256, sequence_length=1024)
+    ctx = PlanningContext(cl, m, job, CostModel(cl))
+    from arachne.planners.arachne.search import Pricer
+
+    in_node = Pricer(ctx).price_state(State(0, (Action("own", 4, 1, 1, 2, 1),)))
+    plan, est, _ = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10))
+    assert in_node > 0 and est.tokens_per_s >= 0.99 * in_node
+    assert len({d.split(":")[0] for p in plan.pipelines for s in p.stages for d in s.devices}) == 1

@@ -100,6 +100,16 @@ def slot_options(model: ModelSpec, c: DeviceClass) -> list[tuple[int, int, int]]
     return out
 
 
+def replica_variants(a: Action, c: DeviceClass) -> list[Action]:
+    """An ``own`` action with fewer replicas: as many as fit in one node (one when a pipeline spans
+    nodes). On a slow inter-node network one node's worth can beat data parallelism across nodes."""
+    if a.kind != "own" or len(c.nodes) < 2:
+        return []
+    per = a.stages * a.tp * a.dp
+    fewer = max(1, c.node_size // per)
+    return [replace(a, replicas=fewer)] if fewer < a.replicas else []
+
+
 def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: int | None = None) -> list[Action]:
     """Valid actions for the next class given the decisions so far."""
     L = model.num_layers

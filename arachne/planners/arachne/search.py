@@ -19,6 +19,7 @@ from arachne.planners.arachne.actions import (
     State,
     class_actions,
     mix_replica_options,
+    replica_variants,
 )
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
@@ -230,7 +231,8 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
 
 
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
-    """Homogeneous pipelines of class ``ci`` with the fewest stages whose layers fit (micro-batch 1)."""
+    """Homogeneous pipelines of class ``ci`` with the fewest stages whose layers fit (micro-batch 1), each
+    also with only one node's worth of replicas (see ``replica_variants``)."""
     c, model = ctx.classes[ci], ctx.model
     L = model.num_layers
     tps = tp_options(model, c.node_size)
@@ -267,7 +269,7 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
             if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps)))) is not None:
                 out.append(Action("own", tp, dp, ep, S, reps))
                 break
-    return out
+    return out + [v for a in out for v in replica_variants(a, c) if v not in out]
 
 
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
@@ -377,7 +379,9 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
                 return best
             prefix = State(best.mix_replicas, best.actions[:ci])
             cur = best.actions[ci]
-            for a in _neighbours(cur, class_actions(prefix, model, classes[ci])):
+            options = class_actions(prefix, model, classes[ci])
+            options += [v for a in options for v in replica_variants(a, classes[ci])]
+            for a in _neighbours(cur, options):
                 if deadline.expired():
                     return best
                 cand = State(best.mix_replicas, best.actions[:ci] + (a,) + best.actions[ci + 1:])
