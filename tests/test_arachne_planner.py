@@ -353,3 +353,31 @@ def test_on_a_crawling_inter_node_network_the_job_stays_in_one_node():
     plan, est, _ = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10))
     assert in_node > 0 and est.tokens_per_s >= 0.99 * in_node
     assert len({d.split(":")[0] for p in plan.pipelines for s in p.stages for d in s.devices}) == 1
+
+
+def test_replica_variants_share_the_batch_evenly():
+    from arachne.planners.arachne.actions import replica_variants
+
+    ctx = ctx_for(cluster=cluster_from_dict({"name": "b", "nodes": [
+        {"name": "b{i}", "count": 34, "gpu": "B200", "gpus_per_node": 2}]}))
+    c = ctx.classes[0]
+    assert Action("own", 1, 1, 1, 4, 16) in replica_variants(Action("own", 1, 1, 1, 4, 17), c, 384)
+    assert replica_variants(Action("own", 1, 1, 1, 4, 16), c, 384) == [Action("own", 1, 1, 1, 4, 1)]
+
+
+def test_deeper_homogeneous_pipelines_with_an_even_batch_share_are_tried():
+    """A small model on many GPUs: 16 replicas of 4 stages on the B200 pairs beat 68 (or 17) replicas
+    that sync more gradients or share the batch unevenly; the rules must put that template forward."""
+    cl = cluster_from_dict({"name": "b", "nodes": [
+        {"name": "l{i}", "count": 56, "gpu": "L4", "gpus_per_node": 1},
+        {"name": "p{i}", "count": 34, "gpu": "B200", "gpus_per_node": 2, "inter_node_gbps": 25},
+        {"name": "e{i}", "count": 8, "gpu": "B200", "gpus_per_node": 8, "inter_node_gbps": 3.125}]})
+    m, job = model_catalog().get("OPT-350M"), Job(global_batch_size=384, sequence_length=512)
+    from arachne.planners.arachne.search import Pricer
+
+    ctx = PlanningContext(cl, m, job, CostModel(cl))
+    pairs = next(c.index for c in ctx.classes if c.node_size == 2)
+    st = State(0, tuple(Action("skip") for _ in range(pairs)) + (Action("own", 1, 1, 1, 4, 16),))
+    target = Pricer(ctx).price_state(st)
+    _, est, _ = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10))
+    assert target > 0 and est.tokens_per_s >= 0.99 * target

@@ -100,14 +100,19 @@ def slot_options(model: ModelSpec, c: DeviceClass) -> list[tuple[int, int, int]]
     return out
 
 
-def replica_variants(a: Action, c: DeviceClass) -> list[Action]:
+def replica_variants(a: Action, c: DeviceClass, global_batch: int | None = None) -> list[Action]:
     """An ``own`` action with fewer replicas: as many as fit in one node (one when a pipeline spans
-    nodes). On a slow inter-node network one node's worth can beat data parallelism across nodes."""
-    if a.kind != "own" or len(c.nodes) < 2:
+    nodes), since on a slow inter-node network one node's worth can beat data parallelism across
+    nodes; and, given ``global_batch``, the most replicas that share the batch evenly (17 replicas of
+    a batch of 384 leave most of them waiting on the ones with an extra sequence)."""
+    if a.kind != "own" or a.replicas < 2:
         return []
-    per = a.stages * a.tp * a.dp
-    fewer = max(1, c.node_size // per)
-    return [replace(a, replicas=fewer)] if fewer < a.replicas else []
+    counts = []
+    if len(c.nodes) > 1:
+        counts.append(max(1, c.node_size // (a.stages * a.tp * a.dp)))
+    if global_batch:
+        counts.append(max(r for r in range(1, a.replicas + 1) if global_batch % r == 0))
+    return [replace(a, replicas=r) for r in sorted(set(counts), reverse=True) if r < a.replicas]
 
 
 def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: int | None = None) -> list[Action]:

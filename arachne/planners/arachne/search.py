@@ -216,18 +216,38 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     core += [State(0, tuple(best_own[:j]) + skips[j:]) for j in range(n - 1, 1, -1)]
     core += [State(0, skips[:ci] + (best_own[ci],) + skips[ci + 1:]) for ci in range(n)]
     core = list(dict.fromkeys(st for st in core if not st.is_empty()))
+    deeper = deeper_states(ctx, best_own)
     if not price:
-        return core, mixed_floor_states(ctx)
+        return core, mixed_floor_states(ctx) + deeper
     for st in core:
         if deadline is not None and deadline.expired():
             break
         pricer.price_state(st)
-    mixed = mixed_floor_states(ctx)
+    mixed = mixed_floor_states(ctx) + deeper
     for st in mixed:
         if deadline is not None and deadline.expired():
             break
         pricer.price_state(st)
     return core, mixed
+
+
+def deeper_states(ctx: PlanningContext, best_own: list[Action]) -> list[State]:
+    """Each class alone in pipelines 2x and 4x deeper than its homogeneous choice (fewer replicas, less
+    gradient traffic over its network), at the most replicas and at an even share of the batch."""
+    n, L, gbs = len(ctx.classes), ctx.model.num_layers, ctx.job.global_batch_size
+    skips = tuple(Action("skip") for _ in range(n))
+    out = []
+    for ci, (c, a) in enumerate(zip(ctx.classes, best_own)):
+        if a.kind != "own":
+            continue
+        g = a.tp * a.dp
+        for S in (2 * a.stages, 4 * a.stages):
+            if S > L or c.count // (S * g) < 2:
+                break
+            deep = Action("own", a.tp, a.dp, a.ep, S, c.count // (S * g))
+            for v in (deep, *replica_variants(deep, c, gbs)):
+                out.append(State(0, skips[:ci] + (v,) + skips[ci + 1:]))
+    return out
 
 
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
