@@ -338,11 +338,27 @@ def ratio_summary(ratios: list[float | None]) -> str:
             f">= 0.99x on {sum(x >= 0.99 for x in xs)}/{len(xs)}, >= 1.0x on {sum(x >= 1.0 for x in xs)}/{len(xs)}")
 
 
+def fail(message: str) -> None:
+    """Bad input: one line on stderr, exit code 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def read_runs(path: Path) -> dict:
+    """A sweep's runs.json; a missing or foreign file ends the script with one line."""
+    try:
+        doc = json.loads(path.read_text())
+        doc["args"], doc["runs"]  # noqa: B018 -- the keys every use needs
+        return doc
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"{path}: not a runs.json written by this script ({e})")
+
+
 def summarize(paths: list[Path]) -> None:
     """The summary line over several sweeps' runs.json (e.g. one per seed), plus their worst cases."""
     ratios, worst = [], []
     for path in paths:
-        doc = json.loads(path.read_text())
+        doc = read_runs(path)
         for c in doc["cases"]:
             ratios.append(c["arachne_vs_best_baseline"])
             if c["arachne_vs_best_baseline"] is not None:
@@ -374,10 +390,10 @@ def main() -> None:
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
     reused: dict[str, list[Run]] = {}
     if args.reuse is not None:
-        old = json.loads(args.reuse.read_text())
+        old = read_runs(args.reuse)
         if (old["args"]["seed"], old["args"]["n"]) != (args.seed, args.n):
-            raise SystemExit(f"{args.reuse}: args.seed/args.n: the sweep was seed {old['args']['seed']} n "
-                             f"{old['args']['n']}, not seed {args.seed} n {args.n}")
+            fail(f"{args.reuse}: args.seed/args.n: the sweep was seed {old['args']['seed']} n "
+                 f"{old['args']['n']}, not seed {args.seed} n {args.n}")
         for r in old["runs"]:
             if r["planner"] not in planners:
                 reused.setdefault(r["case"], []).append(Run(**r))

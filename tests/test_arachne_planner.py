@@ -381,3 +381,13 @@ def test_deeper_homogeneous_pipelines_with_an_even_batch_share_are_tried():
     target = Pricer(ctx).price_state(st)
     _, est, _ = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10))
     assert target > 0 and est.tokens_per_s >= 0.99 * target
+
+
+def test_an_unreachable_ray_address_is_a_one_line_input_error():
+    from arachne.errors import InputError
+    from arachne.planners.arachne.train.pipeline import check_reachable
+
+    with pytest.raises(InputError, match="--address"):
+        check_reachable("127.0.0.1:1", timeout_s=1)
+    with pytest.raises(InputError, match="--address"):
+        check_reachable("ray://nohost", timeout_s=1)

@@ -39,4 +39,6 @@ def test_robustness_refuses_stored_runs_of_another_sweep(tmp_path):
                                                     "runs": []}))
     res = robustness("--n", "2", "--seed", "4", "--planners", "arachne", "--reuse", str(tmp_path / "runs.json"),
                      "--out", str(tmp_path / "x"))
-    assert res.returncode != 0 and "seed 1 n 30" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "seed 1 n 30" in res.stderr and "Traceback" not in res.stderr
+    res = robustness("--summarize", str(tmp_path / "missing.json"))
+    assert res.returncode == 2 and "missing.json" in res.stderr and "Traceback" not in res.stderr

@@ -56,6 +56,8 @@ def map_tasks(fn: Callable, tasks: list, workers: int, address: str | None,
         return out
     import ray
 
+    if address is not None:
+        check_reachable(address)
     if not ray.is_initialized():
         ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
@@ -69,6 +71,21 @@ def map_tasks(fn: Callable, tasks: list, workers: int, address: str | None,
             results[index[ref]] = ray.get(ref)
             advance(1)
     return results
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, in one line, on a Ray address nothing answers at (Ray itself retries for minutes)."""
+    import socket
+
+    if address == "auto":
+        return
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host or "localhost", int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        from arachne.errors import InputError
+
+        raise InputError("", "--address", f"no Ray cluster answers at {address!r} ({e})") from None
 
 
 def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None = None,
