@@ -99,9 +99,12 @@ def main() -> None:
     ap.add_argument("--ranker", type=Path, default=None, help="ranker weights (default: the shipped ones)")
     ap.add_argument("--out", type=Path, default=Path("results/rule_order"))
     a = ap.parse_args()
-    ranker = Policy.load(a.ranker) if a.ranker else shipped_ranker()
+    try:
+        ranker = Policy.load(a.ranker) if a.ranker else shipped_ranker()
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"--ranker: {a.ranker}: not a ranker.npz ({e})")
     if ranker is None:
-        raise SystemExit("no ranker: train one with `arachne train-ranker` or pass --ranker")
+        ap.error("no ranker: train one with `arachne train-ranker` or pass --ranker")
     rows = []
     for name, cl, model, gbs, seq in cases([int(s) for s in a.seeds.split(",") if s]):
         ctx = PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq),

@@ -43,7 +43,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=12, help="cases (the first n large enough)")
     ap.add_argument("--out", type=Path, default=Path("results/target_sweep"))
     a = ap.parse_args()
-    targets = [float(t) for t in a.targets.split(",")]
+    try:
+        targets = [float(t) for t in a.targets.split(",")]
+    except ValueError:
+        ap.error(f"--targets: {a.targets!r} is not a comma-separated list of seconds")
     cases = []
     for seed in (int(s) for s in a.seeds.split(",") if s):
         rng = random.Random(seed)
