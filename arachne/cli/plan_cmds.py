@@ -28,8 +28,10 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
         target: float | None = typer.Option(
             None, "--target", min=0.05,
-            help="arachne only: seconds the search aims to finish in (default 0.8, capped by --time-budget); "
-                 "a longer target runs the default search first, then keeps improving on it"),
+            help="arachne only: seconds the search aims to finish in (default 0.8, capped by --time-budget), "
+                 "counted in work done (seconds on a 2-core reference machine), so the same input gets the "
+                 "same plan under any load; a longer target runs the default search first, then keeps "
+                 "improving on it"),
     ) -> None:
         """Find a fast plan that fits, print it with its estimate, optionally write the plan JSON."""
         import sys
@@ -78,7 +80,7 @@ def register(app: typer.Typer) -> None:
         plan: Path = typer.Option(..., "--plan", "-p", help="the running plan JSON (formats v1)"),
         planner: str = typer.Option("arachne", "--planner", help="arachne (default) or a baseline"),
         time_budget: float = typer.Option(60.0, "--time-budget", min=0.0, help="planning time budget, seconds"),
-        target: float | None = typer.Option(None, "--target", min=0.05, help="arachne only: latency target, s"),
+        target: float | None = typer.Option(None, "--target", min=0.05, help="arachne only: latency target, s of work"),
         profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
         output: Path | None = typer.Option(None, "-o", "--output", help="write the new plan JSON here"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),

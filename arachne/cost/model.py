@@ -120,6 +120,9 @@ class CostModel:
         self._model_cache: dict[str, ModelSpec] = {}
         self._stage_cache: dict[tuple, tuple] = {}
         self.estimates = 0  # plans priced so far (planners report it)
+        self.estimated_stages = 0  # their stages and GPUs: the work priced, for work-bounded planners
+        self.estimated_devices = 0
+        self.estimated_cells = 0  # stage x micro-batch cells of the distinct pipelines' schedules
         self._sig_cache: dict[tuple, tuple] = {}
         self._mem_cache: dict[tuple, MemoryBreakdown] = {}
         self._pipe_cache: dict[tuple, tuple] = {}
@@ -377,20 +380,26 @@ class CostModel:
         worst_pp = -1.0
         crit = None
         t_opt = 0.0
+        shapes: set[tuple] = set()
         for pi, p in enumerate(plan.pipelines):
             S = len(p.stages)
             mbs = plan.mbs(p)
             reps = tuple(replicas.get((pi, si), 1) for si in range(S))
             key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
                    plan.sequence_length, plan.zero_stage)
+            if key not in shapes:
+                shapes.add(key)
+                self.estimated_cells += S * min(p.micro_batches, 4 * S + 64)
             hit = self._pipe_cache.get(key)
             if hit is None:
                 hit = self._pipe_cache[key] = self._price_pipeline(model, plan, p, mbs, reps)
             rows, send_f, send_b, T, mems, opt = hit
             t_opt = max(t_opt, opt)
+            self.estimated_stages += S
             for si, st in enumerate(p.stages):
                 mem, cap = mems[si]
                 total = mem.total
+                self.estimated_devices += len(st.devices)
                 for d in st.devices:
                     peak[d] = total
                     detail[d] = mem

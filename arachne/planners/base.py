@@ -36,22 +36,32 @@ class SearchBudget:
 
 
 class Deadline:
-    """Wall-clock budget started at construction."""
+    """A budget of ``seconds`` started at construction, on the wall clock or on another ``clock``
+    (e.g. the arachne planner's :class:`~arachne.planners.work.WorkClock`); with ``cap`` it also
+    expires when that (wall) deadline does."""
 
-    def __init__(self, seconds: float):
-        self.start = time.perf_counter()
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter,
+                 cap: Deadline | None = None):
+        self.clock = clock
+        self.start = clock()
         self.seconds = seconds
+        self.cap = cap
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock() - self.start
 
     def expired(self) -> bool:
-        return self.elapsed >= self.seconds
+        return self.elapsed >= self.seconds or (self.cap is not None and self.cap.expired())
 
     @property
     def remaining(self) -> float:
-        return max(0.0, self.seconds - self.elapsed)
+        own = max(0.0, self.seconds - self.elapsed)
+        return own if self.cap is None else min(own, self.cap.remaining)
+
+    def child(self, seconds: float) -> Deadline:
+        """``seconds`` from now on the same clock, ending no later than this deadline."""
+        return Deadline(max(0.0, min(seconds, self.remaining)), self.clock, self)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Plan, Stage
 from arachne.planners.arachne.template import DeviceClass, Group, Slot, Template, device_classes
+from arachne.planners.work import Work
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec, model_ref
@@ -68,6 +69,7 @@ class PlanningContext:
     closest_unfit: tuple[float, str] | None = None  # (worst used/capacity, description) of the nearest miss
     found_fit: bool = False  # a priced plan fits: no more pricing only to explain a failure
     even_split_notes: int = 0  # plans priced only to explain a failure (a few are enough)
+    work: Work = field(default_factory=Work)  # work requested so far (a work-bounded planner's clock)
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
@@ -93,6 +95,7 @@ class PlanningContext:
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
+        self.work.profiles += 1
         m, job, cm = self.model, self.job, self.cost_model
         gpu = self.classes[cls].gpu
         b = mbs / dp
@@ -323,6 +326,7 @@ def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recomput
         m_est = max(1, M // n_pipes)
         zero = max(1, n_pipes)
         profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
+        ctx.work.split_stages += S
         r = split_layers(profs, L, m_est)
         if r is None:
             if not ctx.found_fit and ctx.even_split_notes < 8 and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
@@ -419,6 +423,10 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
 
     ``screen``: a cheap first look (a few times cheaper): the most promising micro-batch size only, the
     reversed class order only if the first does not fit."""
+    if screen:
+        ctx.work.screens += 1
+    else:
+        ctx.work.prices += 1
     template = cap_replicas(template, ctx.job.global_batch_size)
     best: tuple[Plan, Estimate] | None = None
     for variant in stage_orders(template):
@@ -459,6 +467,7 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
     for mbs in options:
         t = cap_replicas(template, gbs // mbs)
         if t not in layouts_of:
+            ctx.work.placed_slots += sum(len(g.slots) * g.replicas for g in t.groups)
             layouts_of[t] = placements(t, ctx)
         capped[mbs] = (t, layouts_of[t])
     best: tuple[Plan, Estimate] | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict
 from itertools import zip_longest
 
 from arachne.cost import CostModel
@@ -12,12 +14,14 @@ from arachne.planners.arachne.ranker import rank_states, shipped_ranker
 from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
 from arachne.planners.completion import PlanningContext, polish_splits
+from arachne.planners.work import WorkClock
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
 
 
-BASE_TARGET_S = 0.8  # the default latency target, s
+BASE_TARGET_S = 0.8  # the default latency target, s (of work: see arachne.planners.work)
+WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
 
 
 @register("arachne")
@@ -36,7 +40,7 @@ class ArachnePlanner:
                  use_polish: bool = True, target_s: float = BASE_TARGET_S, polish_share: float = 0.15,
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
-                 ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0):
+                 ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0, clock: str = "work"):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -53,10 +57,13 @@ class ArachnePlanner:
         self.floor_k = floor_k  # "floor" mode: only the first k rule templates (0: all)
         self.ranker, self.use_ranker = ranker, use_ranker  # the learned screening order (default: shipped)
         self.rank_k = rank_k  # the ablation's learned arm: only the ranker's first k templates, nothing else
+        if clock not in ("work", "wall"):
+            raise ValueError(f"clock must be 'work' or 'wall', not {clock!r}")
+        self.clock = clock  # "work": the target counts work done (same plan under any load); "wall": seconds
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
-        deadline = budget.deadline()
+        deadline = budget.deadline()  # the caller's budget, on the wall clock
         full_target = min(self.target_s, deadline.seconds)
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
@@ -66,18 +73,22 @@ class ArachnePlanner:
         ctx = PlanningContext(cluster, model, job, cost_model)
         pricer = Pricer(ctx)
         stats = SearchStats()
+        # the latency target runs on the work clock; the wall clock only guards against a machine many
+        # times slower than the one the work rates were fitted on
+        guard = Deadline(min(deadline.seconds, WALL_GUARD * full_target + 1.0))
+        work = WorkClock(ctx.work, cost_model)
+        run = Deadline(full_target, work if self.clock == "work" else time.perf_counter, guard)
         policy = self.policy or (shipped_policy() if self.mode == "policy" else None)
         mode = self.mode if (self.mode != "policy" or policy is not None) else "teacher"
         stats.notes["mode"] = mode
         with progress_bar(budget.progress, "arachne: pricing templates") as advance:
             # phase 1, within its share of the target: the floor's homogeneous and all-classes templates,
             # then the policy's proposals interleaved with the mixed-pipeline rules
-            phase1 = Deadline(min(deadline.remaining, max(0.0, target * self.phase1_share - deadline.elapsed)))
+            phase1 = run.child(target * self.phase1_share - run.elapsed)
             proposed: list[State] = []
             feats = FeatureBuilder(ctx)
             if mode == "policy":  # beams narrow to one action each once their share of the target is spent
-                proposed = policy_search(ctx, policy, self.k, feats,
-                                         Deadline(min(deadline.remaining, target * self.policy_share)))
+                proposed = policy_search(ctx, policy, self.k, feats, run.child(target * self.policy_share))
             elif mode == "random":
                 proposed = random_states(ctx, self.k, budget.seed)
             core: list[State] = []
@@ -114,7 +125,7 @@ class ArachnePlanner:
                     core, rest = [], rest[: self.rank_k]
             else:
                 rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
-            screen_until = Deadline(max(0.0, target * self.screen_share - deadline.elapsed))
+            screen_until = run.child(target * self.screen_share - run.elapsed)
             screened = []
             for i, st in enumerate(rest):
                 if stop(screen_until if i >= self.min_screened else None):
@@ -142,39 +153,39 @@ class ArachnePlanner:
                     best = pricer.best()
             elif best is not None and mode == "policy" and self.use_floor and not self.rank_k:
                 # the priced teacher as a safety net, for a share of what the latency target leaves
-                spare = polish_at - deadline.elapsed
+                spare = polish_at - run.elapsed
                 if spare > 0.05:
-                    teacher_search(ctx, pricer, self.teacher_beam,
-                                   Deadline(min(spare * self.teacher_share, deadline.remaining)))
+                    teacher_search(ctx, pricer, self.teacher_beam, run.child(spare * self.teacher_share))
                     best = pricer.best()
             if best is not None and self.use_refine and mode != "random":
                 start = pricer.states.get(best[0])
                 if start is not None:
-                    refine(ctx, pricer, start, Deadline(min(max(0.0, polish_at - deadline.elapsed),
-                                                            deadline.remaining)))
-            polished = self._polish(pricer, [], cost_model, target, deadline)
+                    refine(ctx, pricer, start, run.child(polish_at - run.elapsed))
+            polished = self._polish(pricer, [], cost_model, target, run)
             if extend and pricer.best() is not None:
-                stats.notes["extended_s"] = round(full_target - deadline.elapsed, 3)
+                stats.notes["extended_s"] = round(full_target - run.elapsed, 3)
                 end = full_target * (1 - self.polish_share) if self.use_polish else full_target
-                self._extend(ctx, pricer, screened,
-                             Deadline(min(max(0.0, end - deadline.elapsed), deadline.remaining)))
-                polished = self._polish(pricer, polished, cost_model, full_target, deadline)
+                self._extend(ctx, pricer, screened, run.child(end - run.elapsed))
+                polished = self._polish(pricer, polished, cost_model, full_target, run)
         ranked = sorted(pricer.results() + polished,  # distinct plans, fastest first
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
         stats.candidates = len(pricer.cache) + len(pricer.screened)
         if ctx.closest_unfit is not None:
             stats.notes["closest_unfit"] = ctx.closest_unfit[1]
         stats.timed_out = stats.timed_out or deadline.expired()
+        stats.notes["clock"] = self.clock
+        stats.notes["work_s"] = round(work(), 3)
+        stats.notes["work"] = asdict(work.tally())
         return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
 
     def _polish(self, pricer: Pricer, polished: list, cost_model: CostModel, until: float,
-                deadline: Deadline) -> list:
+                run: Deadline) -> list:
         """Stage boundaries of the three fastest plans so far, moved while ``until`` lasts; the polished
         plans found are added to ``polished``."""
         if not self.use_polish:
             return polished
         top = sorted(pricer.results() + polished, key=lambda r: -r[1].tokens_per_s)[:3]
-        sub = Deadline(min(max(0.05, until - deadline.elapsed), deadline.remaining))
+        sub = run.child(max(0.05, until - run.elapsed))
         for plan, est in top:
             better = polish_splits(plan, est, cost_model, deadline=sub)
             if better[0] is not plan:
@@ -184,12 +195,12 @@ class ArachnePlanner:
     def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline) -> None:
         """Time beyond the default target: price the rest of the screened templates in full (best screened
         first), a wider priced teacher, then refinement from each of the three best templates."""
-        share = Deadline(until.remaining * 0.4)
+        share = until.child(until.remaining * 0.4)
         for v, st in screened:
             if v <= 0 or share.expired():
                 break
             pricer.price_state(st)
-        teacher_search(ctx, pricer, self.teacher_beam + 1, Deadline(until.remaining * 0.4))
+        teacher_search(ctx, pricer, self.teacher_beam + 1, until.child(until.remaining * 0.4))
         tops = sorted(((v, st) for st, v in pricer.visited.items() if v > 0), key=lambda x: -x[0])
         starts: list[State] = []
         for _, st in tops:
@@ -200,7 +211,7 @@ class ArachnePlanner:
         for i, st in enumerate(starts):
             if until.expired():
                 break
-            refine(ctx, pricer, st, Deadline(until.remaining / (len(starts) - i)))
+            refine(ctx, pricer, st, until.child(until.remaining / (len(starts) - i)))
 
 
 def _unique(tagged: list[tuple[State, bool]]) -> list[tuple[State, bool]]:

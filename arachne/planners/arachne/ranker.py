@@ -128,6 +128,7 @@ def rank_states(ctx: PlanningContext, ranker: Policy, states: list[State], from_
     """The pool, most promising first by the learned score (ties keep the given order)."""
     if not states:
         return []
+    ctx.work.rank_rows += len(states)
     score = ranker.logits(template_matrix(ctx, states, from_rule, feats))
     order = sorted(range(len(states)), key=lambda i: (-score[i], i))
     return [states[i] for i in order]

@@ -155,6 +155,7 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
         width = 1 if deadline is not None and deadline.expired() else k
         for lp, st in beams:
             acts = class_actions(st, model, classes[ci])
+            ctx.work.policy_rows += len(acts)
             logits = policy.logits(feats.batch(st, acts))
             logp = logits - np.logaddexp.reduce(logits)
             order = np.argsort(-logp)[: width]
@@ -264,6 +265,7 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 break
             reps = c.count // (S * tp)
             prof = ctx.slot_profile(ci, tp, 1, ep, 1, S, max(1, reps), False)
+            ctx.work.split_stages += S
             if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // max(1, reps))) is not None:
                 out.append(Action("own", tp, 1, ep, S, reps))
                 break
@@ -286,6 +288,7 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 break
             reps = c.count // (S * dp)
             prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
+            ctx.work.split_stages += S
             if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps)))) is not None:
                 out.append(Action("own", tp, dp, ep, S, reps))
                 break
@@ -327,6 +330,7 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
     whose layers are split in proportion to each stage's speed (TP traffic included), a 1F1B bubble, the
     slowest stage-to-stage transfer and gradient ring over each class's network; halved when the
     stages' memory cannot hold every layer."""
+    ctx.work.mix_proxies += 1
     R, S, L = st.mix_replicas, st.mixed_stages(), ctx.model.num_layers
     mbs = max(a.dp for a in st.actions if a.kind == "mix")  # every stage's dp groups get a sequence
     m = max(1, ctx.job.global_batch_size // (R * mbs))

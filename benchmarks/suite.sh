@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Re-measure every planner number the README reports, as two single-threaded streams (one per core).
+# Needs the stored baseline runs: results/planners (benchmarks/planners.py --time-budget 20) and
+# results/robustness[/seedS] (benchmarks/robustness.py --seed S); arachne is re-planned against them.
+# Logs: results/logs/<name>.txt.  Usage: bash benchmarks/suite.sh   (about 25 min on 2 cores)
+set -u
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+LOGS=results/logs
+mkdir -p "$LOGS"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+run() {  # name, command...
+  local name=$1; shift
+  echo "== $name: $*" >&2
+  "$@" > "$LOGS/$name.txt" 2>&1 || echo "!! $name failed (exit $?), see $LOGS/$name.txt" >&2
+}
+
+stream_a() {
+  run quality $PY benchmarks/arachne_eval.py quality --rerun-arachne
+  for s in 0 1 2 3 4; do
+    if [ "$s" = 0 ]; then old=results/robustness; else old=results/robustness/seed$s; fi
+    run robustness$s $PY benchmarks/robustness.py --seed $s --planners arachne --reuse $old/runs.json \
+      --out results/robustness-r3/seed$s
+  done
+  run robustness_summary012 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{0,1,2}/runs.json
+  run robustness_summary34 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{3,4}/runs.json
+  run target_sweep $PY benchmarks/target_sweep.py
+  run work_clock $PY benchmarks/work_clock.py check
+  run replan_spot $PY benchmarks/replan_trace.py --trace spot
+  run replan_grow $PY benchmarks/replan_trace.py --trace grow
+}
+
+stream_b() {
+  run latency $PY benchmarks/arachne_eval.py latency --baselines sailor,flashflex,metis,amp,megatron --budget 30
+  run optimality $PY benchmarks/arachne_eval.py optimality --oracle-budget 60
+  run ablation8 $PY benchmarks/arachne_eval.py ablation --k 8 --out results/arachne_eval/k8
+  run ablation24 $PY benchmarks/arachne_eval.py ablation
+  run generalise $PY benchmarks/arachne_eval.py generalise --budget 10 --teacher-budget 30
+}
+
+date > "$LOGS/start.txt"
+stream_a & a=$!
+stream_b & b=$!
+wait $a $b
+date > "$LOGS/done.txt"
+echo "logs in $LOGS" >&2
