@@ -74,7 +74,7 @@ def plan_once(cl, rc, target: float, clock: str):
 def fit(a) -> None:
     from scipy.optimize import nnls
 
-    probs = problems([int(s) for s in a.seeds.split(",")])
+    probs = problems([int(s) for s in a.seeds.split(",")])[: a.n]
     targets = [float(t) for t in a.targets.split(",")]
     plan_once(*probs[0][1:], 0.3, "wall")  # warm-up: imports and the shipped weights
     X, y, rows = [], [], []
@@ -181,6 +181,7 @@ def main() -> None:
     f = sub.add_parser("fit")
     f.add_argument("--seeds", default="10,11")
     f.add_argument("--targets", default="0.4,0.8,1.6")
+    f.add_argument("--n", type=int, default=1000, help="at most this many problems")
     f.add_argument("--clocks", default="wall,work", help="run on each clock (the work clock with the current rates)")
     f.add_argument("--install", action="store_true", help="write the fitted rates into arachne/planners/work.py")
     c = sub.add_parser("check")

@@ -42,3 +42,37 @@ def test_robustness_refuses_stored_runs_of_another_sweep(tmp_path):
     assert res.returncode == 2 and "seed 1 n 30" in res.stderr and "Traceback" not in res.stderr
     res = robustness("--summarize", str(tmp_path / "missing.json"))
     assert res.returncode == 2 and "missing.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_work_clock_fit_writes_nonnegative_rates_for_every_kind_of_work(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "work_clock.py"), "fit", "--seeds", "10", "--n", "3",
+                        "--targets", "0.2", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "fit_summary.json").read_text())
+    from arachne.planners.work import WORK_FIELDS
+
+    assert set(summary["rates"]) == set(WORK_FIELDS) and all(v >= 0 for v in summary["rates"].values())
+    assert summary["runs"] == 6  # 3 problems x 1 target x 2 clocks
+
+
+def long_budget(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "long_budget.py"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_long_budget_repeats_capped_baselines_that_came_close(tmp_path):
+    cmd = ["arachne", "plan", "--cluster", str(ROOT / "examples" / "clusters" / "small-mixed.yaml"), "--model",
+           "GPT-3-1.3B", "--global-batch-size", "32", "--sequence-length", "1024", "--planner", "megatron",
+           "--time-budget", "5", "-o", "x.json"]
+    runs = [{"case": "c", "planner": "arachne", "tokens_per_s": 100.0, "wall_s": 1.0, "command": cmd},
+            {"case": "c", "planner": "metis", "tokens_per_s": 95.0, "wall_s": 5.3, "command": cmd},  # capped, close
+            {"case": "c", "planner": "sailor", "tokens_per_s": 50.0, "wall_s": 5.3, "command": cmd},  # far behind
+            {"case": "c", "planner": "flashflex", "tokens_per_s": 99.0, "wall_s": 1.0, "command": cmd}]  # not capped
+    (tmp_path / "runs.json").write_text(json.dumps({"args": {"budget": 5.0}, "runs": runs}))
+    res = long_budget(str(tmp_path / "runs.json"), "--budget", "3", "--out", str(tmp_path / "o"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads((tmp_path / "o" / "long_budget.json").read_text())
+    assert [r["planner"] for r in rows] == ["metis"]
+    assert rows[0]["long_tok_s"] > 0 and abs(rows[0]["arachne_vs_long"] - 100.0 / rows[0]["long_tok_s"]) < 1e-9
+    res = long_budget(str(tmp_path / "missing.json"))
+    assert res.returncode == 2 and "missing.json" in res.stderr and "Traceback" not in res.stderr
