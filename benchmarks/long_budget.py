@@ -7,7 +7,7 @@ arachne's throughput over the longer run's.
 
 Usage:  python benchmarks/long_budget.py results/robustness-r3/seed{0,1,2,3,4}/runs.json
             [--budget 60] [--min-ratio 0.85] [--planners metis,sailor,flashflex] [--workers 2]
-            [--out results/long_budget]
+            [--reuse results/long_budget/long_budget.json] [--out results/long_budget]
 """
 
 from __future__ import annotations
@@ -86,7 +86,16 @@ def main() -> None:
     ap.add_argument("--planners", default="metis,sailor,flashflex")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/long_budget"))
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="a previous long_budget.json: its longer runs are taken as stored (arachne re-read)")
     a = ap.parse_args()
+    stored: dict[tuple, dict] = {}
+    if a.reuse is not None:
+        try:
+            stored = {(r["sweep"], r["case"], r["planner"]): r for r in json.loads(a.reuse.read_text())
+                      if r.get("budget") == a.budget}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            fail(f"{a.reuse}: not a long_budget.json ({type(e).__name__}: {e})")
     planners = [p for p in a.planners.split(",") if p]
     jobs = []
     for path in a.sweeps:
@@ -95,9 +104,13 @@ def main() -> None:
     console.print(f"{len(jobs)} baseline runs to repeat at {a.budget:g} s")
     rows = []
     with tempfile.TemporaryDirectory(prefix="arachne-long-") as tmp, ThreadPoolExecutor(a.workers) as pool:
-        results = pool.map(lambda j: rerun(j[1], a.budget, Path(tmp)), jobs)
+        def one(job):
+            old = stored.get((str(job[0]), job[1]["case"], job[1]["planner"]))
+            return (old["long_tok_s"], old["long_wall_s"], old["error"]) if old else rerun(job[1], a.budget, Path(tmp))
+
+        results = pool.map(one, jobs)
         for (path, r, ar), (tok, wall, err) in zip(jobs, results):
-            rows.append({"sweep": str(path), "case": r["case"], "planner": r["planner"],
+            rows.append({"sweep": str(path), "case": r["case"], "planner": r["planner"], "budget": a.budget,
                          "short_tok_s": r["tokens_per_s"], "long_tok_s": tok, "long_wall_s": round(wall, 2),
                          "arachne_tok_s": ar["tokens_per_s"],
                          "arachne_vs_short": ar["tokens_per_s"] / r["tokens_per_s"],
