@@ -92,6 +92,7 @@ class PlanningContext:
     def slot_profile(self, cls: int, tp: int, dp: int, ep: int, mbs: int, num_stages: int,
                      zero_shards: int, recompute: bool) -> SlotProfile:
         key = (cls, tp, dp, ep, mbs, num_stages > 1, zero_shards, recompute)
+        self.work.profile_calls += 1
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
@@ -141,14 +142,18 @@ class PlanningContext:
         return prof
 
 
-def split_layers(profiles: list[SlotProfile], L: int, m: int) -> tuple[list[tuple[int, int]], float] | None:
-    """Contiguous split minimising the slowest stage, each stage within its memory; None if none fits."""
+def split_layers(profiles: list[SlotProfile], L: int, m: int,
+                 work: Work | None = None) -> tuple[list[tuple[int, int]], float] | None:
+    """Contiguous split minimising the slowest stage, each stage within its memory; None if none fits.
+    ``work`` tallies the stages of every attempt (the work clock's unit)."""
     S = len(profiles)
     if S > L:
         return None
     inflight = [min(S - s, m) for s in range(S)]
 
     def fill(T: float) -> list[tuple[int, int]] | None:
+        if work is not None:
+            work.fill_stages += S
         out, a = [], 0
         for s, p in enumerate(profiles):
             first, last = s == 0, s == S - 1
@@ -326,8 +331,7 @@ def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recomput
         m_est = max(1, M // n_pipes)
         zero = max(1, n_pipes)
         profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
-        ctx.work.split_stages += S
-        r = split_layers(profs, L, m_est)
+        r = split_layers(profs, L, m_est, ctx.work)
         if r is None:
             if not ctx.found_fit and ctx.even_split_notes < 8 and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
                 ctx.even_split_notes += 1

@@ -21,11 +21,13 @@ class Work:
 
     prices: int = 0  # templates completed and priced in full
     screens: int = 0  # templates screened (the cheap first look)
-    split_stages: int = 0  # stages of every layer split asked for
+    fill_stages: int = 0  # stages of every attempted layer split (a bisection makes several attempts)
     placed_slots: int = 0  # stage slots of every template placed onto nodes
-    policy_rows: int = 0  # (state, action) rows the policy scored
+    policy_calls: int = 0  # policy forward passes ...
+    policy_rows: int = 0  # ... and the (state, action) rows they scored
     rank_rows: int = 0  # templates the ranker scored
-    profiles: int = 0  # per-slot layer profiles built (cached per problem)
+    profile_calls: int = 0  # per-slot layer profiles asked for ...
+    profiles: int = 0  # ... and built (cached per problem)
     mix_proxies: int = 0  # mixed-pipeline rules given a quick throughput guess
     estimates: int = 0  # the cost model's estimates ...
     estimated_stages: int = 0  # ... their stages ...
@@ -40,10 +42,10 @@ WORK_FIELDS = tuple(f.name for f in fields(Work))
 
 # seconds per unit of each Work field, fitted by ``python benchmarks/work_clock.py fit``
 RATES = {
-    "prices": 0.0, "screens": 0.0008013, "split_stages": 3.393e-06, "placed_slots": 6.873e-06,
-    "policy_rows": 2.512e-06, "rank_rows": 0.0, "profiles": 0.0, "mix_proxies": 0.0005134, "estimates":
-    0.0003391, "estimated_stages": 1.072e-05, "estimated_devices": 1.397e-06, "estimated_cells":
-    4.403e-07
+    "prices": 4.602e-05, "screens": 0.0001552, "fill_stages": 1.546e-06, "placed_slots": 8.424e-06,
+    "policy_calls": 0.0003229, "policy_rows": 4.751e-06, "rank_rows": 2.131e-05, "profile_calls": 0.0,
+    "profiles": 4.61e-05, "mix_proxies": 0.0001918, "estimates": 0.0001234, "estimated_stages":
+    1.086e-05, "estimated_devices": 3.001e-08, "estimated_cells": 3.674e-07
 }
 
 

@@ -57,7 +57,7 @@ def test_the_clock_counts_work_and_charges_it_at_the_fitted_rates():
     Pricer(ctx).price_state(State(0).push(Action("own", 1, 1, 1, 2, 4)))
     w = clock.tally()
     assert w.prices == 1 and w.estimates >= 1 and w.estimated_stages >= 2 and w.estimated_devices >= 8
-    assert w.split_stages >= 2 and w.profiles >= 1
+    assert w.fill_stages >= 2 and w.profile_calls >= w.profiles and w.profiles >= 1
     assert clock() == pytest.approx(sum(getattr(w, f) * RATES[f] for f in WORK_FIELDS))
     assert w.estimated_cells > 0
 

@@ -155,6 +155,7 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
         width = 1 if deadline is not None and deadline.expired() else k
         for lp, st in beams:
             acts = class_actions(st, model, classes[ci])
+            ctx.work.policy_calls += 1
             ctx.work.policy_rows += len(acts)
             logits = policy.logits(feats.batch(st, acts))
             logp = logits - np.logaddexp.reduce(logits)
@@ -265,8 +266,7 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 break
             reps = c.count // (S * tp)
             prof = ctx.slot_profile(ci, tp, 1, ep, 1, S, max(1, reps), False)
-            ctx.work.split_stages += S
-            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // max(1, reps))) is not None:
+            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // max(1, reps)), ctx.work) is not None:
                 out.append(Action("own", tp, 1, ep, S, reps))
                 break
     if c.node_size > 1 and c.count >= 2 * c.node_size:
@@ -288,8 +288,8 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 break
             reps = c.count // (S * dp)
             prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
-            ctx.work.split_stages += S
-            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps)))) is not None:
+            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
+                            ctx.work) is not None:
                 out.append(Action("own", tp, dp, ep, S, reps))
                 break
     return out + [v for a in out for v in replica_variants(a, c) if v not in out]
