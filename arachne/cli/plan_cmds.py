@@ -67,8 +67,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(plan_doc.to_doc(), indent=2))
             return
+        work = result.stats.notes.get("work_s")
         console.print(f"[bold]{planner}[/bold] plan for {spec.name} on {cl.name} ({cl.num_gpus} GPUs): "
-                      f"{result.stats.candidates} candidates, {result.stats.plans_priced} plans priced")
+                      f"{result.stats.candidates} candidates, {result.stats.plans_priced} plans priced"
+                      + (f", {work:.2f} s of work" if work is not None else ""))
         console.print(plan_report(plan_doc, est, plan_doc.planning_time_s))
         if output is not None:
             console.print(f"plan written to {output}")
