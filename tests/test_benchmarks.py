@@ -76,3 +76,17 @@ def test_long_budget_repeats_capped_baselines_that_came_close(tmp_path):
     assert rows[0]["long_tok_s"] > 0 and abs(rows[0]["arachne_vs_long"] - 100.0 / rows[0]["long_tok_s"]) < 1e-9
     res = long_budget(str(tmp_path / "missing.json"))
     assert res.returncode == 2 and "missing.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_planner_options_replans_stored_sweeps_with_other_options(tmp_path):
+    base = robustness("--n", "1", "--seed", "4", "--budget", "3", "--planners", "megatron", "--out", str(tmp_path / "b"))
+    assert base.returncode == 0, base.stderr[-2000:]
+    script = str(ROOT / "benchmarks" / "planner_options.py")
+    res = subprocess.run([sys.executable, script, str(tmp_path / "b" / "runs.json"), "--options", '{"target_s": 0.2}',
+                          "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads((tmp_path / "o" / "planner_options.json").read_text())
+    assert len(rows) == 1 and rows[0]["ratio"] == rows[0]["arachne_tok_s"] / rows[0]["best_baseline_tok_s"] > 0
+    bad = subprocess.run([sys.executable, script, str(tmp_path / "b" / "runs.json"), "--options", "[1]"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--options" in bad.stderr and "Traceback" not in bad.stderr

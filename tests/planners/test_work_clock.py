@@ -99,3 +99,13 @@ def test_the_same_problem_gets_the_same_plan_on_a_slower_machine():
 def test_the_wall_clock_is_still_available():
     plan, notes = plan_json(0.2, "wall")
     assert plan and notes["clock"] == "wall"
+
+
+def test_a_warm_cost_model_does_not_change_the_work_or_the_plan():
+    """The tally counts work requested, not cache misses: a second plan on the same (now warm) cost model
+    does the same work and finds the same plan."""
+    cl, m, job = busy_problem()
+    cm = CostModel(cl)
+    runs = [ArachnePlanner(target_s=0.2).plan(cl, m, job, cm, SearchBudget(time_budget_s=30)) for _ in range(2)]
+    assert runs[0].stats.notes["work"] == runs[1].stats.notes["work"]
+    assert runs[0].plans[0].model_dump_json() == runs[1].plans[0].model_dump_json()
