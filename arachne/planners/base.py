@@ -178,6 +178,9 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
     Raises :class:`NoFeasiblePlanError` (saying by how much memory falls short) when nothing fits."""
     cost_model = cost_model or CostModel(cluster)
     planner = get_planner(name, **options)
+    need, have = model_state_bounds(cluster, model, job)
+    if need > have:  # no layout can fit: say so now instead of searching the whole budget
+        raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name))
     t0 = time.perf_counter()
     before = cost_model.estimates
     result = planner.plan(cluster, model, job, cost_model, budget)
@@ -195,9 +198,9 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
     return plan, est, result
 
 
-def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, planner: str,
-                             closest: str | None = None, timed_out: bool = False) -> str:
-    """Why nothing fits, with numbers: the model state against the cluster's memory, or the nearest miss."""
+def model_state_bounds(cluster: Cluster, model: ModelSpec, job: Job) -> tuple[float, float]:
+    """(bytes any plan needs at least: one copy of weights, gradients and optimizer state plus each GPU's
+    runtime overhead, bytes the cluster has); a plan on fewer GPUs saves their overhead and loses more."""
     from arachne.cost.calibration import DEFAULT_CALIBRATION
     from arachne.cost.memory import state_bytes_per_param
 
@@ -205,8 +208,13 @@ def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, plann
     w, g, o = state_bytes_per_param(job.precision, cal)
     extra = cal.fp32_grad_buffer if job.precision == "fp32" else 0.0
     overhead = (cal.fp32_overhead_bytes if job.precision == "fp32" else cal.mixed_overhead_bytes) * cluster.num_gpus
-    need = model.num_params * (w + g + o + extra) + overhead
-    have = cluster.total_memory_bytes
+    return model.num_params * (w + g + o + extra) + overhead, cluster.total_memory_bytes
+
+
+def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, planner: str,
+                             closest: str | None = None, timed_out: bool = False) -> str:
+    """Why nothing fits, with numbers: the model state against the cluster's memory, or the nearest miss."""
+    need, have = model_state_bounds(cluster, model, job)
     if need > have:
         return (f"no plan fits: {model.name} needs at least {need / 1e9:.0f} GB for weights, gradients, optimizer "
                 f"state ({job.precision}, Adam, one copy even with ZeRO-1) and per-GPU runtime overhead, but the "

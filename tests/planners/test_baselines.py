@@ -15,7 +15,7 @@ from arachne.planners.base import PlannerResult, SearchBudget, get_planner, run_
 from arachne.report.compare import ensure_registered
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.job import Job
-from arachne.spec.model import load_model
+from arachne.spec.model import load_model, model_catalog
 
 BASELINES = ["megatron", "megatron-oblivious", "amp", "metis", "flashflex", "sailor"]
 
@@ -213,3 +213,17 @@ def test_no_fit_raises() -> None:
     c = cluster("mixed8")
     with pytest.raises(NoFeasiblePlanError):
         run_planner("metis", c, load_model("LLaMA-2-70B"), job(64), CostModel(c), SearchBudget(time_budget_s=5))
+
+
+@pytest.mark.parametrize("planner", ["arachne", "metis", "sailor"])
+def test_a_model_bigger_than_the_cluster_fails_before_any_search(planner, monkeypatch):
+    """When one copy of the model state outweighs the whole cluster's memory, no planner is run: the
+    answer is known at once (a search would spend its whole budget proving it)."""
+    from arachne.planners.base import get_planner
+
+    cl = cluster_from_dict({"name": "t", "nodes": [{"name": "t{i}", "count": 2, "gpu": "T4", "gpus_per_node": 4}]})
+    cls = type(get_planner(planner))
+    monkeypatch.setattr(cls, "plan", lambda *a, **k: pytest.fail("the planner ran"))
+    with pytest.raises(NoFeasiblePlanError, match="short by"):
+        run_planner(planner, cl, model_catalog().get("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048),
+                    budget=SearchBudget(time_budget_s=60))
