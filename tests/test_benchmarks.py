@@ -90,3 +90,12 @@ def test_planner_options_replans_stored_sweeps_with_other_options(tmp_path):
     bad = subprocess.run([sys.executable, script, str(tmp_path / "b" / "runs.json"), "--options", "[1]"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--options" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_suite_script_parses_and_names_only_existing_benchmarks():
+    text = (ROOT / "benchmarks" / "suite.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "suite.sh")]).returncode == 0
+    import re
+
+    for script in set(re.findall(r"benchmarks/(\w+\.py)", text)):
+        assert (ROOT / "benchmarks" / script).exists(), script
