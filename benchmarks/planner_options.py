@@ -7,7 +7,7 @@ minimum, and the cases below 0.99. A tool for tuning the planner's defaults; the
 are also the evaluation, so confirm a change on seeds it was not chosen on.
 
 Usage:  python benchmarks/planner_options.py results/robustness-r3/seed{0,1,2,3,4}/runs.json
-            [--options '{"teacher_share": 0.8}'] [--out results/planner_options]
+            [--options '{"teacher_share": 0.8}'] [--cases rob-012,rob-018] [--out results/planner_options]
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ def main() -> None:
     ap.add_argument("sweeps", nargs="+", type=Path, help="robustness runs.json files (baselines stored)")
     ap.add_argument("--options", default="{}", help="ArachnePlanner options as a JSON object")
     ap.add_argument("--out", type=Path, default=Path("results/planner_options"))
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: every case)")
     a = ap.parse_args()
     try:
         options = json.loads(a.options)
         assert isinstance(options, dict)
     except (ValueError, AssertionError):
         fail(f"--options: {a.options!r} is not a JSON object")
+    only = {c for c in a.cases.split(",") if c}
     rows = []
     for path in a.sweeps:
         try:
@@ -64,7 +66,7 @@ def main() -> None:
             if r["planner"] != "arachne" and r.get("tokens_per_s"):
                 best[r["case"]] = max(best.get(r["case"], 0.0), r["tokens_per_s"])
         for case in cases:
-            if case["name"] not in best or not case["model_state_fits"]:
+            if case["name"] not in best or not case["model_state_fits"] or (only and case["name"] not in only):
                 continue
             cl = load_cluster(path.parent / "clusters" / f"{case['name']}.yaml")
             job = Job(global_batch_size=case["gbs"], sequence_length=case["seq"])

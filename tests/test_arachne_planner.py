@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from arachne.cost import CostModel
 from arachne.plan import validate_plan
@@ -14,7 +16,7 @@ from arachne.planners.arachne.features import FEATURE_DIM, FeatureBuilder
 from arachne.planners.arachne.policy import Policy
 from arachne.planners.arachne.template import Group, Slot, Template
 from arachne.planners.base import SearchBudget, run_planner
-from arachne.planners.completion import PlanningContext, place, share_micro_batches, split_layers
+from arachne.planners.completion import PlanningContext, place, price_template, share_micro_batches, split_layers
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
@@ -47,6 +49,58 @@ def test_split_balances_to_stage_speed():
     (a, b), _ = split_layers([fast, slow], 24, 8)
     assert a[1] - a[0] > b[1] - b[0]  # the A100 stage takes more blocks
     assert a == (0, a[1]) and b == (a[1], 24)
+
+
+def test_split_balances_blocking_sends():
+    ctx = ctx_for()
+    fast = ctx.slot_profile(0, 1, 1, 1, 2, 3, 1, False)
+    even, _ = split_layers([fast] * 3, 24, 8)
+    assert split_layers([fast] * 3, 24, 8, sends=[0.0, 0.0, 0.0])[0] == even  # no sends: the plain split
+    send = fast.time(0, 4, False, False)  # the middle stage sends for as long as four blocks compute
+    split, T = split_layers([fast] * 3, 24, 8, sends=[0.0, send, 0.0])
+    assert split[1][1] - split[1][0] < even[1][1] - even[1][0]  # the sending stage holds fewer blocks
+    worst = max(fast.time(a, z, i == 0, i == 2) + (send if i == 1 else 0.0) for i, (a, z) in enumerate(split))
+    plain = max(fast.time(a, z, i == 0, i == 2) + (send if i == 1 else 0.0) for i, (a, z) in enumerate(even))
+    assert worst == pytest.approx(T, rel=1e-3) and worst < plain
+
+
+@settings(max_examples=40, deadline=None)
+@given(hst.lists(hst.floats(0.0, 2.0), min_size=2, max_size=8))
+def test_send_split_is_contiguous_and_no_slower(shares):
+    ctx = ctx_for()
+    S, L = len(shares), ctx.model.num_layers
+    prof = ctx.slot_profile(0, 1, 1, 1, 1, S, 1, False)
+    unit = prof.time(0, 1, False, False)
+    sends = [x * unit for x in shares]
+    plain = split_layers([prof] * S, L, 8)
+    r = split_layers([prof] * S, L, 8, sends=sends)
+    assert (plain is None) == (r is None)
+    if r is None:
+        return
+    split, _ = r
+    assert split[0][0] == 0 and split[-1][1] == L and all(a < z for a, z in split)
+    assert all(split[i][1] == split[i + 1][0] for i in range(S - 1))
+
+    def slowest(sp):
+        return max(prof.time(a, z, i == 0, i == S - 1) + sends[i] for i, (a, z) in enumerate(sp))
+
+    assert slowest(split) <= slowest(plain[0]) * (1 + 1e-3)
+
+
+def test_send_balancing_speeds_up_pipelines_over_slow_links():
+    # two nodes of two GPUs on a slow network: the middle boundary's sends occupy stages 1 and 2
+    slow = cluster_from_dict({"name": "slow", "nodes": [
+        {"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 2, "inter_node_gbps": 1.0}]})
+    tpl = Template((Group(tuple(Slot(0, 1, 1) for _ in range(4)), 1),))
+    times = []
+    for balance in (False, True):
+        ctx = ctx_for("GPT-3-1.3B", gbs=32, seq=2048, cluster=slow)
+        ctx.balance_sends = balance
+        plan, est = price_template(tpl, ctx)
+        times.append(est.iteration_time_s)
+    assert times[1] < 0.9 * times[0]
+    sizes = [z - a for a, z in (s.layers for s in plan.pipelines[0].stages)]
+    assert sizes[0] > sizes[1] and sizes[3] > sizes[2]  # the stages behind the slow link hold fewer blocks
 
 
 def test_split_respects_memory():
@@ -382,6 +436,35 @@ def test_deeper_homogeneous_pipelines_with_an_even_batch_share_are_tried():
     target = Pricer(ctx).price_state(st)
     _, est, _ = run_planner("arachne", cl, m, job, CostModel(cl), SearchBudget(time_budget_s=10), target_s=2.0)
     assert target > 0 and est.tokens_per_s >= 0.99 * target
+
+
+def test_replica_moves_reach_the_nearest_even_batch_shares():
+    from arachne.planners.arachne.search import replica_moves
+
+    cl = cluster_from_dict({"name": "r", "nodes": [{"name": "a{i}", "count": 5, "gpu": "A100-80", "gpus_per_node": 8},
+                                                   {"name": "v{i}", "count": 3, "gpu": "V100-32", "gpus_per_node": 8}]})
+    ctx = ctx_for("GPT-3-6.7B", gbs=1000, cluster=cl)
+    st = State(8, (Action("mix", 1, 1, 1, 5, 8), Action("mix", 1, 1, 1, 3, 8)))
+    moves = {m.mix_replicas: [a.stages for a in m.actions] for m in replica_moves(ctx, st)}
+    # 1000 sequences: 10 and 5 replicas share them evenly (the grid has 6, 8 and 12); stages rescale
+    # to each class's 40 and 24 GPUs
+    assert moves == {10: [4, 2], 5: [8, 4]}
+    assert all(a.replicas == r for r in moves for m in replica_moves(ctx, st) if m.mix_replicas == r
+               for a in m.actions)
+    assert replica_moves(ctx, State(0, (Action("own", 1, 1, 1, 5, 8), Action("skip")))) == []
+
+
+def test_adjacent_stage_counts_fill_the_grid_gaps():
+    from arachne.planners.arachne.search import adjacent_stages
+
+    cl = cluster_from_dict({"name": "a", "nodes": [{"name": "a{i}", "count": 7, "gpu": "A100-80", "gpus_per_node": 8}]})
+    ctx = ctx_for("LLaMA-2-70B", gbs=16, cluster=cl)
+    c, prefix = ctx.classes[0], State(0)
+    options = class_actions(prefix, ctx.model, c)
+    # 56 GPUs at tp 8: one 7-stage pipeline, between the grid's 6 and 8
+    assert adjacent_stages(Action("own", 8, 1, 1, 6, 1), options, prefix, c, ctx.model.num_layers) == [
+        Action("own", 8, 1, 1, 7, 1)]
+    assert adjacent_stages(Action("own", 1, 1, 1, 4, 14), options, prefix, c, 80) == []  # 3 and 5: on the grid
 
 
 def test_an_unreachable_ray_address_is_a_one_line_input_error():

@@ -25,6 +25,8 @@ from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec, model_ref
 
 MBS_CHOICES = (1, 2, 4, 8, 16, 32)
+SEND_SHARE = 0.05  # blocking sends below this share of an even stage's compute leave the layer split alone
+P2P_SHARE = 0.05  # ... and so do sends below this share of the priced step (the most rebalancing could gain)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class PlanningContext:
     found_fit: bool = False  # a priced plan fits: no more pricing only to explain a failure
     even_split_notes: int = 0  # plans priced only to explain a failure (a few are enough)
     work: Work = field(default_factory=Work)  # work requested so far (a work-bounded planner's clock)
+    balance_sends: bool = True  # a second layer split that also balances blocking sends (slow links)
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
@@ -142,32 +145,37 @@ class PlanningContext:
         return prof
 
 
-def split_layers(profiles: list[SlotProfile], L: int, m: int,
-                 work: Work | None = None) -> tuple[list[tuple[int, int]], float] | None:
+def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None = None,
+                 sends: list[float] | None = None) -> tuple[list[tuple[int, int]], float] | None:
     """Contiguous split minimising the slowest stage, each stage within its memory; None if none fits.
-    ``work`` tallies the stages of every attempt (the work clock's unit)."""
+    ``work`` tallies the stages of every attempt (the work clock's unit). ``sends``: per stage, the time
+    its blocking point-to-point sends occupy it per micro-batch; the slowest stage time then includes
+    them (a stage behind a slow link gets fewer layers), and among the splits that reach it, compute is
+    balanced too."""
     S = len(profiles)
     if S > L:
         return None
     inflight = [min(S - s, m) for s in range(S)]
+    extra = sends if sends is not None and any(sends) else [0.0] * S
 
-    def fill(T: float) -> list[tuple[int, int]] | None:
+    def fill(T: float, C: float = float("inf")) -> list[tuple[int, int]] | None:
         if work is not None:
             work.fill_stages += S
         out, a = [], 0
         for s, p in enumerate(profiles):
             first, last = s == 0, s == S - 1
+            cap = min(T - extra[s], C)
             if last:
-                if p.time(a, L, first, last) > T or p.memory(a, L, first, last, inflight[s]) > p.capacity:
+                if p.time(a, L, first, last) > cap or p.memory(a, L, first, last, inflight[s]) > p.capacity:
                     return None
                 out.append((a, L))
                 return out
             lo, hi = a + 1, L - (S - 1 - s)
-            if p.time(a, lo, first, False) > T or p.memory(a, lo, first, False, inflight[s]) > p.capacity:
+            if p.time(a, lo, first, False) > cap or p.memory(a, lo, first, False, inflight[s]) > p.capacity:
                 return None
             while lo < hi:  # largest z with time and memory within limits
                 mid = (lo + hi + 1) // 2
-                if p.time(a, mid, first, False) <= T and p.memory(a, mid, first, False, inflight[s]) <= p.capacity:
+                if p.time(a, mid, first, False) <= cap and p.memory(a, mid, first, False, inflight[s]) <= p.capacity:
                     lo = mid
                 else:
                     hi = mid - 1
@@ -175,21 +183,47 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int,
             a = lo
         return out
 
-    hi_t = max(p.time(0, L, True, True) for p in profiles)
-    if fill(hi_t) is None:
-        return None
-    lo_t = 0.0
+    hi_t = max(p.time(0, L, True, True) + x for p, x in zip(profiles, extra))
     best = fill(hi_t)
+    if best is None:
+        return None
+    hi_t, best = _bisect(fill, hi_t, best)
+    if extra is not sends:
+        return best, hi_t
+    hi_c = max(p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profiles, best)))
+    _, best = _bisect(lambda c: fill(hi_t, c), hi_c, best)
+    return best, hi_t
+
+
+def _bisect(fill, hi: float, best: list) -> tuple[float, list]:
+    """The smallest limit (to 1e-4) at which ``fill`` still succeeds, from a limit ``hi`` that does."""
+    lo = 0.0
     for _ in range(40):
-        mid = (lo_t + hi_t) / 2
+        mid = (lo + hi) / 2
         r = fill(mid)
         if r is None:
-            lo_t = mid
+            lo = mid
         else:
-            hi_t, best = mid, r
-        if hi_t - lo_t <= 1e-4 * hi_t:
+            hi, best = mid, r
+        if hi - lo <= 1e-4 * hi:
             break
-    return best, hi_t
+    return hi, best
+
+
+def stage_sends(ctx: PlanningContext, group_placement, mbs: int) -> list[float]:
+    """Per stage of a group, the time its blocking sends (activations forward, gradients back) occupy it
+    per micro-batch, as the cost model charges them; the slower of the group's first and last replica."""
+    nbytes = mbs * ctx.job.sequence_length * ctx.model.hidden_size * act_bytes(ctx.job.precision)
+    S = len(group_placement[0])
+    out = [0.0] * S
+    for rep in {0, len(group_placement) - 1}:
+        devs = group_placement[rep]
+        ctx.work.sends += S - 1
+        for i in range(S - 1):
+            t = ctx.cost_model.network.p2p_time(list(devs[i]), list(devs[i + 1]), nbytes)
+            out[i] = max(out[i], t)
+            out[i + 1] = max(out[i + 1], t)
+    return out
 
 
 def share_micro_batches(periods: list[float], fills: list[float], total: int) -> list[int]:
@@ -311,10 +345,11 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
 
 
 def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recompute: bool,
-                    placement) -> tuple[list, list[int], float] | None:
-    """The rule part of completion, independent of placement: per group the layer split, per
-    pipeline its micro-batches, and the completion's own time model (None if it cannot complete).
-    ``placement`` is only used to explain a memory failure."""
+                    placement, sends: bool = False) -> tuple[list, list[int], float] | None:
+    """The rule part of completion: per group the layer split, per pipeline its micro-batches, and the
+    completion's own time model (None if it cannot complete). ``placement`` explains a memory failure
+    and, with ``sends``, gives each stage's blocking send time for the split to balance (None when no
+    group's sends matter: the plain split is the answer)."""
     job, L = ctx.job, ctx.model.num_layers
     gbs = job.global_batch_size
     if gbs % mbs:
@@ -325,13 +360,23 @@ def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recomput
     n_pipes = sum(g.replicas for g in template.groups)
     if n_pipes > M:
         return None
+    m_est, zero = max(1, M // n_pipes), max(1, n_pipes)
+    profiles = [[ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, g.num_stages, zero * s.dp, recompute) for s in g.slots]
+                for g in template.groups]
+    group_sends: list[list[float] | None] = [None] * len(template.groups)
+    if sends:
+        for gi, (g, profs) in enumerate(zip(template.groups, profiles)):
+            if g.num_stages > 1:
+                x = stage_sends(ctx, placement[gi], mbs)
+                # sends negligible next to an even stage's compute leave the plain split standing
+                if max(x) >= SEND_SHARE * min(p.time(0, L, False, False) for p in profs) / g.num_stages:
+                    group_sends[gi] = x
+        if not any(group_sends):
+            return None
     splits, periods, fills = [], [], []
-    for g in template.groups:
+    for gi, (g, profs) in enumerate(zip(template.groups, profiles)):
         S = g.num_stages
-        m_est = max(1, M // n_pipes)
-        zero = max(1, n_pipes)
-        profs = [ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, S, zero * s.dp, recompute) for s in g.slots]
-        r = split_layers(profs, L, m_est, ctx.work)
+        r = split_layers(profs, L, m_est, ctx.work, group_sends[gi])
         if r is None:
             if not ctx.found_fit and ctx.even_split_notes < 8 and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
                 ctx.even_split_notes += 1
@@ -436,7 +481,7 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     for variant in stage_orders(template):
         if screen and best is not None:
             break
-        r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced)
+        r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced, alt_splits=not screen)
         if r is not None and (best is None or r[1].iteration_time_s < best[1].iteration_time_s):
             best = r
     return best
@@ -462,7 +507,7 @@ def _reverse_classes(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:
 
 
 def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[int] | None,
-                   max_priced: int | None) -> tuple[Plan, Estimate] | None:
+                   max_priced: int | None, alt_splits: bool = True) -> tuple[Plan, Estimate] | None:
     gbs = ctx.job.global_batch_size
     options = mbs_options or mbs_candidates(template, ctx.job, allow_fewer_pipelines=True)
     # a micro-batch size with fewer micro-batches than pipelines keeps as many pipelines as it feeds
@@ -493,16 +538,31 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
             t, layouts = capped[mbs]
             variants = [p for p in (build_plan(t, ctx, mbs, recompute, lay, splits, counts) for lay in layouts)
                         if p is not None]
+            sends_matter = False
             for cand in variants:
                 est = ctx.cost_model.estimate(cand, validate=False)
+                sends_matter = sends_matter or est.breakdown["p2p_s"] >= P2P_SHARE * est.iteration_time_s
                 if not est.fits:
                     ctx.note_unfit(est)
                 elif best is None or est.iteration_time_s < best[1].iteration_time_s:
                     best = (cand, est)
                     ctx.found_fit = True
+            if alt_splits and ctx.balance_sends and sends_matter:
+                # blocking sends take a real share of the step: the split that balances them too is priced
+                alt = split_and_share(t, ctx, mbs, recompute, layouts[0], sends=True)
+                if alt is not None and alt[0] != splits:
+                    for cand in (build_plan(t, ctx, mbs, recompute, lay, alt[0], alt[1]) for lay in layouts):
+                        est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
+                        if est is not None and est.fits and est.iteration_time_s < best_time(best):
+                            best = (cand, est)
+                            ctx.found_fit = True
         if best is not None:
             break  # recomputation only when nothing fits without it
     return best
+
+
+def best_time(best: tuple[Plan, Estimate] | None) -> float:
+    return best[1].iteration_time_s if best is not None else float("inf")
 
 
 def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):

@@ -29,6 +29,7 @@ class Work:
     profile_calls: int = 0  # per-slot layer profiles asked for ...
     profiles: int = 0  # ... and built (cached per problem)
     mix_proxies: int = 0  # mixed-pipeline rules given a quick throughput guess
+    sends: int = 0  # stage boundaries whose send time a send-balanced layer split looked up
     estimates: int = 0  # the cost model's estimates ...
     estimated_stages: int = 0  # ... their stages ...
     estimated_devices: int = 0  # ... their GPUs ...
@@ -44,7 +45,7 @@ WORK_FIELDS = tuple(f.name for f in fields(Work))
 RATES = {
     "prices": 4.602e-05, "screens": 0.0001552, "fill_stages": 1.546e-06, "placed_slots": 8.424e-06,
     "policy_calls": 0.0003229, "policy_rows": 4.751e-06, "rank_rows": 2.131e-05, "profile_calls": 0.0,
-    "profiles": 4.61e-05, "mix_proxies": 0.0001918, "estimates": 0.0001234, "estimated_stages":
+    "profiles": 4.61e-05, "mix_proxies": 0.0001918, "sends": 8.0e-06, "estimates": 0.0001234, "estimated_stages":
     1.086e-05, "estimated_devices": 3.001e-08, "estimated_cells": 3.674e-07
 }
 

@@ -40,7 +40,8 @@ class ArachnePlanner:
                  use_polish: bool = True, target_s: float = BASE_TARGET_S, polish_share: float = 0.15,
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
-                 ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0, clock: str = "work"):
+                 ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0, clock: str = "work",
+                 balance_sends: bool = True):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -60,6 +61,7 @@ class ArachnePlanner:
         if clock not in ("work", "wall"):
             raise ValueError(f"clock must be 'work' or 'wall', not {clock!r}")
         self.clock = clock  # "work": the target counts work done (same plan under any load); "wall": seconds
+        self.balance_sends = balance_sends  # layer splits balance blocking sends too (see completion.split_layers)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -70,7 +72,7 @@ class ArachnePlanner:
         extend = self.mode == "policy" and self.use_floor and not self.rank_k and full_target > BASE_TARGET_S
         target = BASE_TARGET_S if extend else full_target
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
-        ctx = PlanningContext(cluster, model, job, cost_model)
+        ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends)
         pricer = Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many

@@ -3,7 +3,7 @@ search (no pricing), rule-based floor templates, and a priced local refinement."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 
 import numpy as np
@@ -23,7 +23,7 @@ from arachne.planners.arachne.actions import (
 )
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
-from arachne.planners.arachne.template import Template, ep_options, tp_options
+from arachne.planners.arachne.template import DeviceClass, Template, ep_options, tp_options
 from arachne.planners.base import Deadline
 from arachne.planners.completion import PlanningContext, price_template, split_layers
 
@@ -398,6 +398,12 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
     best, best_v = start, pricer.throughput(start.template())
     for _ in range(rounds):
         improved = False
+        for cand in replica_moves(ctx, best):
+            if deadline.expired():
+                return best
+            v = pricer.price_state(cand)
+            if v > best_v * (1 + 1e-9):
+                best, best_v, improved = cand, v, True
         for ci in range(len(classes)):
             if deadline.expired():
                 return best
@@ -405,7 +411,7 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
             cur = best.actions[ci]
             options = class_actions(prefix, model, classes[ci])
             options += [v for a in options for v in replica_variants(a, classes[ci])]
-            for a in _neighbours(cur, options):
+            for a in _neighbours(cur, options) + adjacent_stages(cur, options, prefix, classes[ci], model.num_layers):
                 if deadline.expired():
                     return best
                 cand = State(best.mix_replicas, best.actions[:ci] + (a,) + best.actions[ci + 1:])
@@ -415,6 +421,53 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
         if not improved:
             break
     return best
+
+
+def replica_moves(ctx: PlanningContext, st: State) -> list[State]:
+    """The mixed group at the nearest replica counts above and below its own that share the global batch
+    evenly (10 replicas of a batch of 1000, where the grid offers 8 and 12), each class's stages
+    rescaled to keep its GPUs busy within its count: uneven shares leave most replicas waiting on
+    the ones with an extra sequence."""
+    R = st.mix_replicas
+    if not R or not any(a.kind == "mix" for a in st.actions):
+        return []
+    gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
+    cap = max(c.count for c in ctx.classes)
+    even = [r for r in range(1, min(cap, 2 * R) + 1) if gbs % r == 0 and r != R]
+    targets = [min((r for r in even if r > R), default=0), max((r for r in even if r < R), default=0)]
+    out = []
+    for R2 in (r for r in targets if r):
+        acts = []
+        for ci, a in enumerate(st.actions):
+            if a.kind != "mix":
+                acts.append(a)
+                continue
+            k = min(max(1, a.stages * R // R2), ctx.classes[ci].count // (R2 * a.tp * a.dp))
+            acts.append(replace(a, stages=k, replicas=R2) if k > 0 else Action("skip"))
+        new = State(R2, tuple(acts))
+        if sum(a.kind == "mix" for a in acts) and new.mixed_stages() <= L:
+            out.append(new)
+    return out
+
+
+def adjacent_stages(cur: Action, options: list[Action], prefix: State, c: DeviceClass, L: int) -> list[Action]:
+    """``cur`` with one stage more or fewer where the stage-count grid skips that count (7 between 6 and
+    8): a stage count that splits the layers (and the embedding and head) evenly can beat its grid
+    neighbours by a few percent."""
+    if cur.kind not in ("own", "mix"):
+        return []
+    g = cur.tp * cur.dp
+    have = {(a.kind, a.tp, a.dp, a.ep, a.stages) for a in options}
+    used = prefix.mixed_stages()
+    out = []
+    for S in (cur.stages - 1, cur.stages + 1):
+        if S < 1 or (cur.kind, cur.tp, cur.dp, cur.ep, S) in have:
+            continue
+        if cur.kind == "own" and S * g <= c.count and S <= L:
+            out.append(replace(cur, stages=S, replicas=c.count // (S * g)))
+        elif cur.kind == "mix" and cur.replicas * S * g <= c.count and used + S <= L:
+            out.append(replace(cur, stages=S))
+    return out
 
 
 def _neighbours(cur: Action, options: list[Action]) -> list[Action]:
