@@ -2,7 +2,7 @@
 # Re-measure every planner number the README reports, as two single-threaded streams (one per core).
 # Needs the stored baseline runs: results/planners (benchmarks/planners.py --time-budget 20) and
 # results/robustness[/seedS] (benchmarks/robustness.py --seed S); arachne is re-planned against them.
-# Logs: results/logs/<name>.txt.  Usage: bash benchmarks/suite.sh   (about 25 min on 2 cores)
+# Logs: results/logs/<name>.txt.  Usage: bash benchmarks/suite.sh   (about 35 min on 2 cores)
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -18,13 +18,14 @@ run() {  # name, command...
 
 stream_a() {
   run quality $PY benchmarks/arachne_eval.py quality --rerun-arachne
-  for s in 0 1 2 3 4; do
+  for s in 0 1 2 3 4 5 6 7; do
     if [ "$s" = 0 ]; then old=results/robustness; else old=results/robustness/seed$s; fi
     run robustness$s $PY benchmarks/robustness.py --seed $s --planners arachne --reuse $old/runs.json \
       --out results/robustness-r3/seed$s
   done
   run robustness_summary012 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{0,1,2}/runs.json
   run robustness_summary34 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{3,4}/runs.json
+  run robustness_summary567 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{5,6,7}/runs.json
   run target_sweep $PY benchmarks/target_sweep.py
   run replan_spot $PY benchmarks/replan_trace.py --trace spot
   run replan_grow $PY benchmarks/replan_trace.py --trace grow

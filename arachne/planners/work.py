@@ -41,11 +41,12 @@ class Work:
 
 WORK_FIELDS = tuple(f.name for f in fields(Work))
 
-# seconds per unit of each Work field, fitted by ``python benchmarks/work_clock.py fit``
+# seconds per unit of each Work field, fitted by ``python benchmarks/work_clock.py fit`` ("sends", added
+# after the last fit, is timed alone: 2.5 us per boundary with ``stage_sends`` on a 673-GPU cluster)
 RATES = {
     "prices": 4.602e-05, "screens": 0.0001552, "fill_stages": 1.546e-06, "placed_slots": 8.424e-06,
     "policy_calls": 0.0003229, "policy_rows": 4.751e-06, "rank_rows": 2.131e-05, "profile_calls": 0.0,
-    "profiles": 4.61e-05, "mix_proxies": 0.0001918, "sends": 8.0e-06, "estimates": 0.0001234, "estimated_stages":
+    "profiles": 4.61e-05, "mix_proxies": 0.0001918, "sends": 2.5e-06, "estimates": 0.0001234, "estimated_stages":
     1.086e-05, "estimated_devices": 3.001e-08, "estimated_cells": 3.674e-07
 }
 
