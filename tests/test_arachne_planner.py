@@ -101,6 +101,9 @@ def test_send_balancing_speeds_up_pipelines_over_slow_links():
     assert times[1] < 0.9 * times[0]
     sizes = [z - a for a, z in (s.layers for s in plan.pipelines[0].stages)]
     assert sizes[0] > sizes[1] and sizes[3] > sizes[2]  # the stages behind the slow link hold fewer blocks
+    ctx = ctx_for("GPT-3-1.3B", gbs=32, seq=2048, cluster=slow)
+    ctx.best_tok_s = 1e12  # far behind the best plan so far: not worth a second split
+    assert price_template(tpl, ctx)[1].iteration_time_s == pytest.approx(times[0])
 
 
 def test_split_respects_memory():

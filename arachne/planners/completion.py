@@ -27,6 +27,7 @@ from arachne.spec.model import ModelSpec, model_ref
 MBS_CHOICES = (1, 2, 4, 8, 16, 32)
 SEND_SHARE = 0.05  # blocking sends below this share of an even stage's compute leave the layer split alone
 P2P_SHARE = 0.05  # ... and so do sends below this share of the priced step (the most rebalancing could gain)
+ALT_WITHIN = 0.8  # ... and templates priced below this share of the fastest plan so far
 
 
 @dataclass
@@ -73,6 +74,7 @@ class PlanningContext:
     even_split_notes: int = 0  # plans priced only to explain a failure (a few are enough)
     work: Work = field(default_factory=Work)  # work requested so far (a work-bounded planner's clock)
     balance_sends: bool = True  # a second layer split that also balances blocking sends (slow links)
+    best_tok_s: float = 0.0  # the fastest fitting plan priced so far
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
@@ -484,6 +486,8 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
         r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced, alt_splits=not screen)
         if r is not None and (best is None or r[1].iteration_time_s < best[1].iteration_time_s):
             best = r
+    if best is not None:
+        ctx.best_tok_s = max(ctx.best_tok_s, best[1].tokens_per_s)
     return best
 
 
@@ -547,7 +551,8 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
                 elif best is None or est.iteration_time_s < best[1].iteration_time_s:
                     best = (cand, est)
                     ctx.found_fit = True
-            if alt_splits and ctx.balance_sends and sends_matter:
+            promising = best is None or best[1].tokens_per_s >= ALT_WITHIN * ctx.best_tok_s
+            if alt_splits and ctx.balance_sends and sends_matter and promising:
                 # blocking sends take a real share of the step: the split that balances them too is priced
                 alt = split_and_share(t, ctx, mbs, recompute, layouts[0], sends=True)
                 if alt is not None and alt[0] != splits:
