@@ -54,13 +54,18 @@ def main() -> None:
     except (ValueError, AssertionError):
         fail(f"--options: {a.options!r} is not a JSON object")
     only = {c for c in a.cases.split(",") if c}
-    rows = []
+    sweeps = []
     for path in a.sweeps:
         try:
             doc = json.loads(path.read_text())
-            cases, runs = doc["cases"], doc["runs"]
+            sweeps.append((path, doc["cases"], doc["runs"]))
         except (OSError, ValueError, KeyError, TypeError) as e:
             fail(f"{path}: not a robustness runs.json ({type(e).__name__}: {e})")
+    unknown = sorted(only - {c["name"] for _, cases, _ in sweeps for c in cases})
+    if unknown:
+        fail(f"--cases: {', '.join(unknown)} not in the given sweeps")
+    rows = []
+    for path, cases, runs in sweeps:
         best: dict[str, float] = {}
         for r in runs:
             if r["planner"] != "arachne" and r.get("tokens_per_s"):

@@ -90,6 +90,9 @@ def test_planner_options_replans_stored_sweeps_with_other_options(tmp_path):
     bad = subprocess.run([sys.executable, script, str(tmp_path / "b" / "runs.json"), "--options", "[1]"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--options" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, script, str(tmp_path / "b" / "runs.json"), "--cases", "rob-000,rob-999"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "rob-999" in bad.stderr and "rob-000" not in bad.stderr
 
 
 def test_the_suite_script_parses_and_names_only_existing_benchmarks():
