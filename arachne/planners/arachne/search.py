@@ -391,7 +391,9 @@ def _thin(acts: list[Action], n: int) -> list[Action]:
 
 
 def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
-    """Priced local search: change one class's action at a time, keep improvements."""
+    """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
+    (:func:`replica_moves`), then one class's action at a time (its grid neighbours, then the off-grid
+    stage counts next to it: :func:`adjacent_stages`)."""
     classes, model = ctx.classes, ctx.model
     pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
     start = State(start.mix_replicas, start.actions + pad)
