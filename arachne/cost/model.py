@@ -127,6 +127,8 @@ class CostModel:
         self._mem_cache: dict[tuple, MemoryBreakdown] = {}
         self._pipe_cache: dict[tuple, tuple] = {}
         self._leader_nodes: dict[tuple, tuple] = {}
+        self._pipe_sigs: dict[tuple, tuple] = {}
+        self._dev_flops: dict[str, dict[str, float]] = {}
         self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw)
                             for n in cluster.nodes}
         self._dev_node = {d: dev.node.name for d, dev in cluster.devices.items()}
@@ -355,6 +357,13 @@ class CostModel:
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
         (time, transfers and memory depend on node classes and which stages share a node, not names)."""
+        key = tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute) for st in p.stages)
+        sig = self._pipe_sigs.get(key)
+        if sig is None:
+            sig = self._pipe_sigs[key] = self._new_pipeline_signature(p)
+        return sig
+
+    def _new_pipeline_signature(self, p) -> tuple:
         local: dict[str, int] = {}
         dev_node = self._dev_node
         parts = []
@@ -393,21 +402,16 @@ class CostModel:
             hit = self._pipe_cache.get(key)
             if hit is None:
                 hit = self._pipe_cache[key] = self._price_pipeline(model, plan, p, mbs, reps)
-            rows, send_f, send_b, T, mems, opt = hit
+            rows, send_f, send_b, T, mems, opt, out_rows, n_devs, pipe_fits = hit
             t_opt = max(t_opt, opt)
+            fits = fits and pipe_fits
             self.estimated_stages += S
+            self.estimated_devices += n_devs
             for si, st in enumerate(p.stages):
-                mem, cap = mems[si]
-                total = mem.total
-                self.estimated_devices += len(st.devices)
-                for d in st.devices:
-                    peak[d] = total
-                    detail[d] = mem
-                if total > cap:
-                    fits = False
-                r = rows[si]
-                stages_out.append(StageEstimate(pi, si, r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1],
-                                                r[2], r[3], r[4], send_f[si], send_b[si], total, cap, r[6]))
+                row = out_rows[si]
+                peak.update(dict.fromkeys(st.devices, row[12]))
+                detail.update(dict.fromkeys(st.devices, mems[si][0]))
+                stages_out.append(StageEstimate(pi, si, *row))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
         t_sync = max(sync_stage.values(), default=0.0)
@@ -430,7 +434,10 @@ class CostModel:
         }
         gbs = plan.global_batch_size
         tokens = gbs * plan.sequence_length
-        peak_total = sum(devs[d].gpu.peak_flops(prec) for d in peak)
+        flops = self._dev_flops.get(prec)
+        if flops is None:
+            flops = self._dev_flops[prec] = {d: dev.gpu.peak_flops(prec) for d, dev in devs.items()}
+        peak_total = sum(flops[d] for d in peak)
         mfu = model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration / peak_total
         return Estimate(
             iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration, mfu=mfu,
@@ -457,7 +464,12 @@ class CostModel:
             D = reps[si]
             mem = self._memory(model, plan, st, si, S, p.micro_batches, mbs, D, D > 1)
             mems.append((mem, min(devs[d].gpu.memory_bytes for d in st.devices)))
-        return rows, send_f, send_b, T, mems, self._pipeline_optimizer_time(model, plan, p, reps)
+        # what every pipeline of this signature reports per stage (its StageEstimate after the indices)
+        out_rows = [(r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1], r[2], r[3], r[4], send_f[si],
+                     send_b[si], mem.total, cap, r[6])
+                    for si, (st, r, (mem, cap)) in enumerate(zip(p.stages, rows, mems))]
+        return (rows, send_f, send_b, T, mems, self._pipeline_optimizer_time(model, plan, p, reps), out_rows,
+                sum(len(st.devices) for st in p.stages), all(r[12] <= r[13] for r in out_rows))
 
     def _optimizer_time(self, model: ModelSpec, plan: Plan, replicas: dict[tuple[int, int], int]) -> float:
         """Adam step: HBM traffic over the parameters each device updates (ZeRO-1: its shard)."""

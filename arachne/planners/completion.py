@@ -10,6 +10,7 @@ memory demands it, ZeRO-1 when layers are replicated) with ``CostModel.estimate`
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +93,12 @@ class PlanningContext:
     def __post_init__(self) -> None:
         if not self.classes:
             self.classes = device_classes(self.cluster, self.job.precision)
+
+    def stage(self, layers: tuple[int, int], devices: tuple[str, ...], tp: int, dp: int, ep: int,
+              recompute: bool) -> Stage:
+        """A plan stage built from validated parts by completion: pydantic's validation is skipped."""
+        return Stage.model_construct(layers=layers, devices=devices, tp=tp, dp=dp if dp > 1 else None, ep=ep,
+                                     recompute=recompute, allow_cross_node_tp=False)
 
     # ---- slot primitives ------------------------------------------------------------------------
     def slot_profile(self, cls: int, tp: int, dp: int, ep: int, mbs: int, num_stages: int,
@@ -250,14 +257,21 @@ def share_micro_batches(periods: list[float], fills: list[float], total: int) ->
             lo = mid
     c = [max(0, int((hi - f) / p) + 1) if hi >= f else 0 for p, f in zip(periods, fills)]
     extra = sum(c) - total
-    while extra > 0:  # trim from the pipelines that finish last
-        i = max((i for i in range(n) if c[i] > 0), key=lambda i: (c[i] - 1) * periods[i] + fills[i])
-        c[i] -= 1
-        extra -= 1
-    while extra < 0:  # top up the pipelines that would finish first
-        i = min(range(n), key=lambda i: c[i] * periods[i] + fills[i])
-        c[i] += 1
-        extra += 1
+    if extra > 0:  # trim from the pipelines that finish last (ties: the first such pipeline)
+        heap = [(-((c[i] - 1) * periods[i] + fills[i]), i) for i in range(n) if c[i] > 0]
+        heapq.heapify(heap)
+        for _ in range(extra):
+            _, i = heapq.heappop(heap)
+            c[i] -= 1
+            if c[i] > 0:
+                heapq.heappush(heap, (-((c[i] - 1) * periods[i] + fills[i]), i))
+    elif extra < 0:  # top up the pipelines that would finish first
+        heap = [(c[i] * periods[i] + fills[i], i) for i in range(n)]
+        heapq.heapify(heap)
+        for _ in range(-extra):
+            _, i = heapq.heappop(heap)
+            c[i] += 1
+            heapq.heappush(heap, (c[i] * periods[i] + fills[i], i))
     return c
 
 
@@ -406,9 +420,7 @@ def build_plan(template: Template, ctx: PlanningContext, mbs: int, recompute: bo
             k += 1
             if m <= 0:
                 continue
-            # built from validated parts by construction: skip pydantic's per-field validation
-            stages = tuple(Stage.model_construct(layers=ab, devices=devs, tp=s.tp, dp=s.dp if s.dp > 1 else None,
-                                                 ep=s.ep, recompute=recompute)
+            stages = tuple(ctx.stage(ab, devs, s.tp, s.dp, s.ep, recompute)
                            for ab, devs, s in zip(splits[gi], placement[gi][r], g.slots))
             pipelines.append(Pipeline.model_construct(micro_batches=m, stages=stages))
     if not pipelines:
