@@ -470,6 +470,25 @@ def test_adjacent_stage_counts_fill_the_grid_gaps():
     assert adjacent_stages(Action("own", 1, 1, 1, 4, 14), options, prefix, c, 80) == []  # 3 and 5: on the grid
 
 
+def test_balanced_stage_moves_find_the_counts_that_split_evenly():
+    from arachne.planners.arachne.search import Pricer, balanced_stage_moves
+
+    # 40 blocks plus the embedding and head: 14 stages of 3 "layers" each; the grid's 12 and 16 are
+    # uneven, and 14 stages of 32 H100 replicas price faster than 16 stages of 28
+    cl = cluster_from_dict({"name": "h", "nodes": [{"name": "h{i}", "count": 112, "gpu": "H100-PCIe",
+                                                   "gpus_per_node": 4}]})
+    ctx = ctx_for("GPT-3-13B", gbs=1000, seq=2048, cluster=cl)
+    start = State(0, (Action("own", 1, 1, 1, 16, 28),))
+    moves = balanced_stage_moves(ctx, start)
+    counts = [m.actions[0].stages for m in moves]
+    assert 14 in counts and 16 not in counts and all(8 <= S <= 32 for S in counts)
+    assert all(m.actions[0].replicas == 448 // m.actions[0].stages for m in moves)
+    pricer = Pricer(ctx)
+    best = max(pricer.throughput(m.template()) for m in moves)
+    assert best > 1.03 * pricer.throughput(start.template())
+    assert balanced_stage_moves(ctx, State(2, (Action("mix", 1, 1, 1, 8, 2),))) == []
+
+
 def test_an_unreachable_ray_address_is_a_one_line_input_error():
     from arachne.errors import InputError
     from arachne.planners.arachne.train.pipeline import check_reachable

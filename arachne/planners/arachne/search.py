@@ -392,7 +392,8 @@ def _thin(acts: list[Action], n: int) -> list[Action]:
 
 def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
     """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
-    (:func:`replica_moves`), then one class's action at a time (its grid neighbours, then the off-grid
+    (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
+    (:func:`balanced_stage_moves`), then one class's action at a time (its grid neighbours, then the off-grid
     stage counts next to it: :func:`adjacent_stages`)."""
     classes, model = ctx.classes, ctx.model
     pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
@@ -400,7 +401,7 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
     best, best_v = start, pricer.throughput(start.template())
     for _ in range(rounds):
         improved = False
-        for cand in replica_moves(ctx, best):
+        for cand in replica_moves(ctx, best) + balanced_stage_moves(ctx, best):
             if deadline.expired():
                 return best
             v = pricer.price_state(cand)
@@ -449,6 +450,33 @@ def replica_moves(ctx: PlanningContext, st: State) -> list[State]:
         new = State(R2, tuple(acts))
         if sum(a.kind == "mix" for a in acts) and new.mixed_stages() <= L:
             out.append(new)
+    return out
+
+
+def balanced_stage_moves(ctx: PlanningContext, st: State, per_class: int = 2) -> list[State]:
+    """Each homogeneous group at the ``per_class`` stage counts (within half to twice its own) whose
+    layer split is best balanced, by a quick guess: replicas x micro-batches over (micro-batches +
+    stages - 1) x the split's slowest stage. Blocks plus the embedding and head divide evenly only
+    into some counts (7, 14, 21 for 40 blocks), and the stage-count grid skips most of them."""
+    L, gbs = ctx.model.num_layers, ctx.job.global_batch_size
+    out = []
+    for ci, a in enumerate(st.actions):
+        if a.kind != "own":
+            continue
+        c, g = ctx.classes[ci], a.tp * a.dp
+        scored = []
+        for S in range(max(1, a.stages // 2), min(2 * a.stages, L, c.count // g) + 1):
+            reps = c.count // (S * g)
+            if S == a.stages or reps < 1 or reps * a.dp > gbs:
+                continue
+            m = max(1, gbs // (a.dp * reps))
+            prof = ctx.slot_profile(ci, a.tp, a.dp, a.ep, a.dp, S, reps * a.dp, False)
+            r = split_layers([prof] * S, L, m, ctx.work)
+            if r is not None:
+                scored.append((-reps * m / ((m + S - 1) * r[1]), S, reps))
+        for _, S, reps in sorted(scored)[:per_class]:
+            out.append(State(st.mix_replicas, st.actions[:ci] + (replace(a, stages=S, replicas=reps),)
+                             + st.actions[ci + 1:]))
     return out
 
 
