@@ -489,6 +489,18 @@ def test_balanced_stage_moves_find_the_counts_that_split_evenly():
     assert balanced_stage_moves(ctx, State(2, (Action("mix", 1, 1, 1, 8, 2),))) == []
 
 
+def test_further_refinement_starts_are_the_next_best_distinct_templates():
+    from arachne.planners.arachne.planner import _next_starts
+    from arachne.planners.arachne.search import Pricer
+
+    pricer = Pricer(ctx_for())
+    a = [State(0, (Action("own", 1, 1, 1, S, 1), Action("skip"))) for S in (1, 2, 4, 8)]
+    padded = State(0, (Action("own", 1, 1, 1, 2, 1),))  # the same template as a[1]
+    pricer.visited.update({a[0]: 5.0, a[1]: 4.0, padded: 4.5, a[2]: 3.0, a[3]: 0.0})
+    assert _next_starts(pricer, {a[0].template()}, 2) == [padded, a[2]]
+    assert _next_starts(pricer, {a[0].template(), a[1].template()}, 3) == [a[2]]  # unpriced ones never
+
+
 def test_an_unreachable_ray_address_is_a_one_line_input_error():
     from arachne.errors import InputError
     from arachne.planners.arachne.train.pipeline import check_reachable

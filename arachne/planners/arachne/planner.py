@@ -41,7 +41,7 @@ class ArachnePlanner:
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
                  ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0, clock: str = "work",
-                 balance_sends: bool = True):
+                 balance_sends: bool = True, more_starts: int = 2):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -62,6 +62,7 @@ class ArachnePlanner:
             raise ValueError(f"clock must be 'work' or 'wall', not {clock!r}")
         self.clock = clock  # "work": the target counts work done (same plan under any load); "wall": seconds
         self.balance_sends = balance_sends  # layer splits balance blocking sends too (see completion.split_layers)
+        self.more_starts = more_starts  # further refinement starts when time is left (path dependence)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -162,7 +163,12 @@ class ArachnePlanner:
             if best is not None and self.use_refine and mode != "random":
                 start = pricer.states.get(best[0])
                 if start is not None:
-                    refine(ctx, pricer, start, run.child(polish_at - run.elapsed))
+                    end = refine(ctx, pricer, start, run.child(polish_at - run.elapsed))
+                    # time left once refinement converges: refine from the next best distinct templates
+                    for st in _next_starts(pricer, {start.template(), end.template()}, self.more_starts):
+                        if polish_at - run.elapsed <= 0.02:
+                            break
+                        refine(ctx, pricer, st, run.child(polish_at - run.elapsed))
             polished = self._polish(pricer, [], cost_model, target, run)
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - run.elapsed, 3)
@@ -214,6 +220,19 @@ class ArachnePlanner:
             if until.expired():
                 break
             refine(ctx, pricer, st, until.child(until.remaining / (len(starts) - i)))
+
+
+def _next_starts(pricer: Pricer, skip: set, k: int) -> list[State]:
+    """The ``k`` fastest priced decision sequences after those in ``skip``, one per template."""
+    out, seen = [], set(skip)
+    for st, _ in sorted(((st, v) for st, v in pricer.visited.items() if v > 0), key=lambda x: -x[1]):
+        tpl = st.template()
+        if tpl not in seen:
+            seen.add(tpl)
+            out.append(st)
+            if len(out) == k:
+                break
+    return out
 
 
 def _unique(tagged: list[tuple[State, bool]]) -> list[tuple[State, bool]]:
