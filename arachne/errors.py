@@ -52,6 +52,14 @@ def from_validation_error(source: str, err: ValidationError, prefix: str = "") -
     return InputError(source, path, msg)
 
 
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~10x faster
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, through libyaml when it is available."""
+    return yaml.load(text, Loader=_YAML_LOADER)
+
+
 def load_document(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping, or raise :class:`InputError` naming the file."""
     p = Path(path)
@@ -67,7 +75,7 @@ def load_document(path: str | Path) -> dict[str, Any]:
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
     except json.JSONDecodeError as exc:
         raise InputError(str(p), f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:

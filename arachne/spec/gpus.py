@@ -7,7 +7,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Literal
 
-import yaml
+from arachne.errors import load_yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 GB = 1e9
@@ -137,5 +137,5 @@ class GPUCatalog:
 def gpu_catalog() -> GPUCatalog:
     """The shipped GPU catalog (``arachne/data/gpus.yaml``)."""
     text = resources.files("arachne.data").joinpath("gpus.yaml").read_text()
-    data = yaml.safe_load(text)
+    data = load_yaml(text)
     return GPUCatalog([GPUType(**entry) for entry in data["gpus"]])

@@ -7,10 +7,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from arachne.errors import InputError, from_validation_error, load_document
+from arachne.errors import InputError, from_validation_error, load_document, load_yaml
 from arachne.spec.gpus import normalize_name
 
 
@@ -244,7 +243,7 @@ class ModelCatalog:
 def model_catalog() -> ModelCatalog:
     """The shipped model catalog (``arachne/data/models.yaml``)."""
     text = resources.files("arachne.data").joinpath("models.yaml").read_text()
-    return ModelCatalog([ModelSpec(**m) for m in yaml.safe_load(text)["models"]])
+    return ModelCatalog([ModelSpec(**m) for m in load_yaml(text)["models"]])
 
 
 def model_from_dict(data: dict, source: str = "", prefix: str = "") -> ModelSpec:
