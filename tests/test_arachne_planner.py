@@ -501,6 +501,16 @@ def test_further_refinement_starts_are_the_next_best_distinct_templates():
     assert _next_starts(pricer, {a[0].template(), a[1].template()}, 3) == [a[2]]  # unpriced ones never
 
 
+def test_neighbours_end_with_the_same_gpus_split_another_way_between_tp_and_dp():
+    from arachne.planners.arachne.search import _neighbours
+
+    cur = Action("own", 2, 2, 1, 8, 3)
+    options = [Action("own", 4, 1, 1, 8, 3), Action("own", 2, 2, 1, 4, 6), Action("own", 4, 2, 1, 8, 1),
+               Action("own", 1, 4, 1, 8, 3), Action("own", 4, 1, 1, 4, 6), Action("skip"), cur]
+    assert _neighbours(cur, options) == [Action("own", 2, 2, 1, 4, 6), Action("own", 4, 2, 1, 8, 1), Action("skip"),
+                                         Action("own", 4, 1, 1, 8, 3), Action("own", 1, 4, 1, 8, 3)]
+
+
 def test_an_unreachable_ray_address_is_a_one_line_input_error():
     from arachne.errors import InputError
     from arachne.planners.arachne.train.pipeline import check_reachable

@@ -501,8 +501,9 @@ def adjacent_stages(cur: Action, options: list[Action], prefix: State, c: Device
 
 
 def _neighbours(cur: Action, options: list[Action]) -> list[Action]:
-    """Actions one step away from ``cur``: same kind with one of tp/dp/ep/stages changed, or skip."""
-    out = []
+    """Actions one step away from ``cur``: same kind with one of tp/dp/ep/stages changed, or skip; then
+    (last) the same stages with their GPUs split another way between tp and dp."""
+    out, regrouped = [], []
     for a in options:
         if a == cur:
             continue
@@ -514,4 +515,6 @@ def _neighbours(cur: Action, options: list[Action]) -> list[Action]:
         diff = sum([a.tp != cur.tp, a.dp != cur.dp, a.ep != cur.ep, a.stages != cur.stages])
         if cur.kind == "skip" or diff <= 1:
             out.append(a)
-    return out
+        elif diff == 2 and a.tp != cur.tp and a.tp * a.dp == cur.tp * cur.dp:
+            regrouped.append(a)
+    return out + regrouped
