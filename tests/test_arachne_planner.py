@@ -118,6 +118,30 @@ def test_micro_batches_follow_pipeline_speed():
     assert share_micro_batches([1.0], [3.0], 7) == [7]
 
 
+@settings(max_examples=200, deadline=None)
+@given(hst.lists(hst.tuples(hst.sampled_from([0.5, 1.0, 1.3, 2.0, 3.7]), hst.sampled_from([0.0, 1.0, 2.5, 9.0])),
+                 min_size=1, max_size=40), hst.integers(1, 600))
+def test_micro_batch_shares_sum_to_the_batch_and_finish_as_early_as_possible(pipes, total):
+    import heapq
+
+    periods, fills = [p for p, _ in pipes], [f for _, f in pipes]
+    c = share_micro_batches(periods, fills, total)
+    assert sum(c) == total and min(c) >= 0
+
+    def finish(i: int, m: int) -> float:
+        return (m - 1) * periods[i] + fills[i] if m > 0 else 0.0
+
+    # one micro-batch at a time to the pipeline that would finish first: optimal for the slowest finish
+    greedy, heap = [0] * len(pipes), [(fills[i], i) for i in range(len(pipes))]
+    heapq.heapify(heap)
+    for _ in range(total):
+        _, i = heapq.heappop(heap)
+        greedy[i] += 1
+        heapq.heappush(heap, (finish(i, greedy[i] + 1), i))
+    best = max(finish(i, m) for i, m in enumerate(greedy))
+    assert max(finish(i, m) for i, m in enumerate(c)) <= best * (1 + 1e-9)
+
+
 def test_placement_keeps_tp_groups_inside_nodes():
     ctx = ctx_for()
     tpl = Template((Group((Slot(0, 2, 1), Slot(1, 2, 1)), 2),))
