@@ -543,3 +543,110 @@ def test_an_unreachable_ray_address_is_a_one_line_input_error():
         check_reachable("127.0.0.1:1", timeout_s=1)
     with pytest.raises(InputError, match="--address"):
         check_reachable("ray://nohost", timeout_s=1)
+
+
+def test_depth_actions_find_the_depth_between_all_reduce_and_bubbles():
+    from arachne.planners.arachne.search import Pricer, depth_actions, rule_own_actions
+
+    # a batch of 128 on 468 T4s behind 25 Gb/s: the fewest stages that fit all-reduce every weight over
+    # ~117 replicas, the deepest leave most GPUs in bubbles; between them a tp 4 pipeline of 5-12 stages
+    cl = cluster_from_dict({"name": "t", "nodes": [{"name": "t{i}", "count": 117, "gpu": "T4", "gpus_per_node": 4,
+                                                   "inter_node_gbps": 25}]})
+    ctx = ctx_for("LLaMA-3-8B", gbs=128, seq=2048, cluster=cl)
+    acts = depth_actions(ctx, 0)
+    assert len(acts) == 2 and all(a.tp == 4 and 5 <= a.stages <= 12 for a in acts)
+    assert all(a.replicas == 468 // (4 * a.stages) for a in acts)
+    pricer = Pricer(ctx)
+    best = max(pricer.throughput(State(0, (a,)).template()) for a in acts)
+    rules = max(pricer.throughput(State(0, (a,)).template()) for a in rule_own_actions(ctx, 0))
+    assert best > 1.2 * rules
+
+
+def test_offgrid_regroupings_split_an_offgrid_stage_count_another_way():
+    from arachne.planners.arachne.search import offgrid_regroupings
+
+    cl = cluster_from_dict({"name": "t", "nodes": [{"name": "t{i}", "count": 117, "gpu": "T4", "gpus_per_node": 4}]})
+    ctx = ctx_for("LLaMA-3-8B", gbs=128, seq=2048, cluster=cl)
+    c, prefix = ctx.classes[0], State(0)
+    options = class_actions(prefix, ctx.model, c)
+    moved = offgrid_regroupings(Action("own", 2, 2, 1, 19, 6), options, ctx.model, c)
+    assert moved == [Action("own", 1, 4, 1, 19, 6), Action("own", 4, 1, 1, 19, 6)]
+    assert offgrid_regroupings(Action("own", 2, 2, 1, 20, 5), options, ctx.model, c) == []  # on the grid
+
+
+def split_type_cluster():
+    """14 A100s split between two 4-GPU nodes and six single-GPU nodes, beside 16 single T4s."""
+    return cluster_from_dict({"name": "k", "nodes": [
+        {"name": "a{i}", "count": 2, "gpu": "A100-80", "gpus_per_node": 4},
+        {"name": "b{i}", "count": 6, "gpu": "A100-80", "gpus_per_node": 1},
+        {"name": "t{i}", "count": 16, "gpu": "T4", "gpus_per_node": 1}]})
+
+
+def test_a_mixed_slot_pools_the_node_sizes_of_its_gpu_type():
+    from arachne.planners.arachne.actions import kin_left, mix_replica_options
+
+    ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
+    a4, a1, t4 = ctx.classes
+    assert a4.kin == a1.kin == ((0, 8, 4), (1, 6, 1)) and t4.kin == ((2, 16, 1),)
+    assert 12 in mix_replica_options(ctx.classes)  # 14 A100s and 16 T4s can carry 12 replicas
+    st = State(14)
+    pooled = [a for a in class_actions(st, ctx.model, a4) if a.kind == "mix"]
+    assert Action("mix", 1, 1, 1, 1, 14, pool=True) in pooled and all(a.pool for a in pooled)
+    assert all(a.tp == 1 for a in pooled)  # single-GPU kin nodes take no tp 2 slots
+    st = st.push(Action("mix", 1, 1, 1, 1, 14, pool=True))
+    assert kin_left(st, a1) == {0: 0, 1: 0}
+    assert class_actions(st, ctx.model, a1) == [Action("skip")]
+    st = st.push(Action("skip")).push(Action("mix", 1, 1, 1, 1, 14))
+    tpl = st.template()
+    assert tpl.fits_counts(ctx.classes)
+    devs = [d for rep in place(tpl, ctx)[0] for d in rep[0]]
+    assert len(set(devs)) == 14 and sum(d.startswith("a") for d in devs) == 8
+    assert price_template(tpl, ctx) is not None
+    # without the pool the same slot does not fit; nor does a pooled one larger than the type
+    assert not Template((Group((Slot(0, 1, 1, 1), Slot(2, 1, 1, 1)), 14),)).fits_counts(ctx.classes)
+    assert not Template((Group((Slot(0, 1, 1, 1, True), Slot(2, 1, 1, 1)), 15),)).fits_counts(ctx.classes)
+
+
+def test_replica_moves_reach_the_count_a_pooled_class_fills():
+    from arachne.planners.arachne.search import replica_moves
+
+    ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
+    st = State(12, (Action("mix", 1, 1, 1, 1, 12, pool=True), Action("own", 1, 1, 1, 2, 1),
+                    Action("mix", 1, 1, 1, 1, 12)))
+    assert [m.mix_replicas for m in replica_moves(ctx, st)] == [16, 8]  # a batch of 1024 shares evenly
+    moves = {m.mix_replicas: m for m in replica_moves(ctx, st) + replica_moves(ctx, st, fill=True)}
+    assert [m.mix_replicas for m in replica_moves(ctx, st, fill=True)] == [14]
+    m = moves[14]
+    assert m.actions == (Action("mix", 1, 1, 1, 1, 14, pool=True), Action("skip"), Action("mix", 1, 1, 1, 1, 14))
+    assert m.template().fits_counts(ctx.classes)
+    assert moves[8].actions[0] == Action("mix", 1, 1, 1, 1, 8)  # 8 replicas need no pool
+
+
+def test_mixed_rules_pool_a_split_gpu_type_and_try_the_count_it_fills():
+    from arachne.planners.arachne.actions import type_fills
+    from arachne.planners.arachne.search import Pricer, mixed_floor_states
+
+    ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
+    assert type_fills(ctx.classes) == [14]
+    rules = mixed_floor_states(ctx)
+    pricer = Pricer(ctx)
+    best = max(rules, key=lambda st: pricer.throughput(st.template()))
+    # 14 replicas of [A100 | T4]: the A100 stage from both node sizes; every unpooled rule is slower
+    assert best.mix_replicas == 14 and best.actions[0].pool and best.actions[1].kind == "skip"
+    unpooled = max(pricer.throughput(st.template()) for st in rules if not any(a.pool for a in st.actions))
+    assert pricer.throughput(best.template()) > 1.05 * unpooled
+
+
+def test_the_policy_offers_pooled_actions_only_if_its_teacher_did():
+    from arachne.planners.arachne.search import policy_search
+
+    ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
+    w = np.zeros((FEATURE_DIM, 1))
+    w[FEATURE_DIM - 12 + 2] = 1.0  # prefer "mix" whenever it is offered
+    proposals = {}
+    for pooled in (False, True):
+        pol = Policy([(w, np.zeros(1))], np.zeros(FEATURE_DIM), np.ones(FEATURE_DIM), {"pooled_actions": pooled})
+        proposals[pooled] = policy_search(ctx, pol, 64)
+    assert not any(a.pool for st in proposals[False] for a in st.actions)
+    assert any(a.pool for st in proposals[True] for a in st.actions)
+    assert Policy([(w, np.zeros(1))], np.zeros(FEATURE_DIM), np.ones(FEATURE_DIM), {}).pooled_actions is False

@@ -19,7 +19,7 @@ from arachne.cost import CostModel, Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Plan, Stage
-from arachne.planners.arachne.template import DeviceClass, Group, Slot, Template, device_classes
+from arachne.planners.arachne.template import DeviceClass, Group, Slot, Template, device_classes, pool_classes
 from arachne.planners.work import Work
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
@@ -287,10 +287,17 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
     cursor = {c.index: 0 for c in ctx.classes}
 
     def take(slot) -> tuple[str, ...] | None:
-        c = ctx.classes[slot.cls]
-        need = slot.gpus
-        nodes = free[slot.cls]
-        i = cursor[slot.cls]
+        devs = take_from(slot.cls, slot.gpus)
+        for j in pool_classes(ctx.classes[slot.cls], slot.gpus) if slot.pool and devs is None else ():
+            devs = take_from(j, slot.gpus)
+            if devs is not None:
+                break
+        return devs
+
+    def take_from(cls: int, need: int) -> tuple[str, ...] | None:
+        c = ctx.classes[cls]
+        nodes = free[cls]
+        i = cursor[cls]
         if need >= c.node_size:
             k = need // c.node_size
             while i < len(nodes) and len(nodes[i]) != c.node_size:
@@ -303,7 +310,7 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
             devs = [d for n in nodes[i:j] for d in n]
             for n in nodes[i:j]:
                 n.clear()
-            cursor[slot.cls] = j
+            cursor[cls] = j
         else:
             while i < len(nodes) and len(nodes[i]) < need:
                 i += 1
@@ -311,7 +318,7 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
                 return None
             devs = nodes[i][:need]
             del nodes[i][:need]
-            cursor[slot.cls] = i
+            cursor[cls] = i
         return tuple(devs)
 
     out: list[list[list[tuple[str, ...]]]] = []

@@ -3,7 +3,8 @@
 Decision 0 picks how many replicas ``R`` a *mixed* pipeline group has (0: none). Then each
 class picks one action: ``skip``; ``own`` (homogeneous pipelines of ``S`` stages of (tp, dp, ep),
 as many replicas as fit); or ``mix`` (``k`` stages of (tp, dp, ep) in each of the ``R`` mixed
-replicas). Any prefix of decisions is itself a template (later classes unused), which is what
+replicas; *pooled* when the class alone has too few GPUs for one stage per replica and later classes of
+its GPU type make up the rest). A class only has the GPUs that earlier pooled actions left it. Any prefix of decisions is itself a template (later classes unused), which is what
 lets both the teacher and the policy build templates step by step.
 """
 
@@ -34,6 +35,7 @@ class Action:
     ep: int = 1
     stages: int = 0      # S for own, k for mix
     replicas: int = 0    # own: replicas; mix: the group's R
+    pool: bool = False   # mix: also draws from later classes of the same GPU type
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class State:
             if a.kind == "own":
                 groups.append(Group(tuple(Slot(ci, a.tp, a.dp, a.ep) for _ in range(a.stages)), a.replicas))
             elif a.kind == "mix":
-                mix_slots.extend(Slot(ci, a.tp, a.dp, a.ep) for _ in range(a.stages))
+                mix_slots.extend(Slot(ci, a.tp, a.dp, a.ep, a.pool) for _ in range(a.stages))
         if mix_slots:
             groups.insert(0, Group(tuple(mix_slots), self.mix_replicas))
         return Template(tuple(groups))
@@ -73,16 +75,30 @@ REPLICA_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 def mix_replica_options(classes: list[DeviceClass], max_options: int = 10) -> list[int]:
     """Mixed-group replica counts worth trying: 0, then 1, 2, 3, 4, 6, 8, ... up to the second-largest
-    class (a mix needs two classes; a class too small for ``R`` replicas just stays out of the mix).
-    Beyond ``max_options``, the larger non-powers of two go first."""
+    class with its later kin (a mix needs two classes; a class too small for ``R`` replicas just stays out
+    of the mix). Beyond ``max_options``, the larger non-powers of two go first."""
     if len(classes) < 2:
         return [0]
-    cap = sorted((c.count for c in classes), reverse=True)[1]
+    cap = mix_replica_cap(classes)
     out = [r for r in REPLICA_COUNTS if r <= cap]
     while len(out) > max_options:
         odd = [r for r in out if r & (r - 1)]
         out.remove(odd[-1] if odd else out[-1])
     return [0, *out]
+
+
+def mix_replica_cap(classes: list[DeviceClass]) -> int:
+    """The most mixed replicas worth trying: the second-largest class with its later kin."""
+    return sorted((sum(n for j, n, _ in c.kin if j >= c.index) or c.count for c in classes), reverse=True)[1]
+
+
+def type_fills(classes: list[DeviceClass]) -> list[int]:
+    """Mixed replica counts that a GPU type split across node sizes fills with one stage each."""
+    if len(classes) < 2:
+        return []
+    cap = mix_replica_cap(classes)
+    return sorted({n for c in classes if len(c.kin) > 1 and c.index == c.kin[0][0]
+                   for n in [sum(k for _, k, _ in c.kin)] if n <= cap})
 
 
 def slot_options(model: ModelSpec, c: DeviceClass) -> list[tuple[int, int, int]]:
@@ -115,22 +131,48 @@ def replica_variants(a: Action, c: DeviceClass, global_batch: int | None = None)
     return [replace(a, replicas=r) for r in sorted(set(counts), reverse=True) if r < a.replicas]
 
 
-def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: int | None = None) -> list[Action]:
-    """Valid actions for the next class given the decisions so far."""
+def kin_left(state: State, c: DeviceClass) -> dict[int, int]:
+    """GPUs left in each class of ``c``'s GPU type after the decisions in ``state`` (pooled mix actions
+    take their own class's GPUs first, then later kin's, as :meth:`Template.fits_counts` does)."""
+    left = {j: n for j, n, _ in c.kin} or {c.index: c.count}
+    for j, _, _ in c.kin:
+        if j >= len(state.actions):
+            break
+        a = state.actions[j]
+        if a.kind == "skip":
+            continue
+        need = a.replicas * a.stages * a.tp * a.dp
+        for i in [j] + [i for i, _, size in c.kin if a.pool and i > j and slot_fits_nodes(a.tp * a.dp, size)]:
+            take = min(need, left[i])
+            left[i] -= take
+            need -= take
+    return left
+
+
+def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: int | None = None,
+                  pool: bool = True) -> list[Action]:
+    """Valid actions for the next class given the decisions so far: with the GPUs it has left, a mix also
+    pooled with its later kin where it alone is too small for a stage per replica (unless ``pool`` is
+    False: the shipped policy was trained before pooled actions existed)."""
     L = model.num_layers
     acts = [Action("skip")]
     cap_stages = min(L, max_stages or L)
+    left = kin_left(state, c) if len(c.kin) > 1 else {c.index: c.count}
+    count = left[c.index]
     for tp, dp, ep in slot_options(model, c):
         g = tp * dp
         for S in STAGE_COUNTS:
-            if S > cap_stages or S * g > c.count:
+            if S > cap_stages or S * g > count:
                 break
-            acts.append(Action("own", tp, dp, ep, S, c.count // (S * g)))
+            acts.append(Action("own", tp, dp, ep, S, count // (S * g)))
         R = state.mix_replicas
         if R:
             used = state.mixed_stages()
+            # pooled only where the class alone cannot give every replica a stage
+            more = 0 if R * g <= count or not pool else sum(left[j] for j, _, size in c.kin
+                                                if j > c.index and slot_fits_nodes(g, size))
             for k in STAGE_COUNTS:
-                if used + k > L or R * k * g > c.count:
+                if used + k > L or R * k * g > count + more:
                     break
-                acts.append(Action("mix", tp, dp, ep, k, R))
+                acts.append(Action("mix", tp, dp, ep, k, R, pool=R * k * g > count))
     return acts

@@ -28,6 +28,11 @@ class Policy:
     std: np.ndarray
     info: dict[str, Any]
 
+    @property
+    def pooled_actions(self) -> bool:
+        """Whether its teacher offered pooled mixed actions (checkpoints from before them never saw one)."""
+        return bool(self.info.get("pooled_actions", False))
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = (x - self.mean) / self.std
         for i, (w, b) in enumerate(self.layers):

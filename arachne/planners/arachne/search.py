@@ -18,14 +18,18 @@ from arachne.planners.arachne.actions import (
     Action,
     State,
     class_actions,
+    kin_left,
     mix_replica_options,
     replica_variants,
+    slot_options,
+    type_fills,
 )
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
-from arachne.planners.arachne.template import DeviceClass, Template, ep_options, tp_options
+from arachne.planners.arachne.template import DeviceClass, Template, ep_options, pool_classes, tp_options
 from arachne.planners.base import Deadline
 from arachne.planners.completion import PlanningContext, price_template, split_layers
+from arachne.spec.model import ModelSpec
 
 
 @dataclass
@@ -154,7 +158,7 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
         cand: list[tuple[float, State]] = []
         width = 1 if deadline is not None and deadline.expired() else k
         for lp, st in beams:
-            acts = class_actions(st, model, classes[ci])
+            acts = class_actions(st, model, classes[ci], pool=policy.pooled_actions)
             ctx.work.policy_calls += 1
             ctx.work.policy_rows += len(acts)
             logits = policy.logits(feats.batch(st, acts))
@@ -252,6 +256,56 @@ def deeper_states(ctx: PlanningContext, best_own: list[Action]) -> list[State]:
     return out
 
 
+def depth_actions(ctx: PlanningContext, ci: int, per_class: int = 2, shortlist: int = 4) -> list[Action]:
+    """Homogeneous pipelines of class ``ci`` (tp 1 or the largest in-node tp) at the ``per_class`` depths a
+    quick guess rates fastest: micro-batches at the slowest stage's time, the fill at the mean, plus the
+    gradient all-reduce of a stage's share of the weights over the replicas. A small batch on many GPUs
+    with a slow network trains fastest between the fewest stages that fit (every weight all-reduced) and
+    the deepest (bubbles). Every depth is guessed with whole layers per stage; the ``shortlist`` best
+    per tp are split properly (the embedding and head make 16 stages of 32 layers uneven)."""
+    c, model, gbs = ctx.classes[ci], ctx.model, ctx.job.global_batch_size
+    L, k = model.num_layers, c.node_size
+    net = ctx.cost_model.network
+    grad_b = 4.0 if ctx.job.precision == "fp32" else 2.0
+    tps = tp_options(model, k)
+    ep = ep_options(model, 1)[-1]
+    scored = []
+    for tp in sorted({tps[0], tps[-1]}):
+        def split(S: int) -> float | None:
+            reps = c.count // (S * tp)
+            prof = ctx.slot_profile(ci, tp, 1, ep, 1, S, max(1, reps), False)
+            r = split_layers([prof] * S, L, max(1, gbs // max(1, reps)), ctx.work)
+            return None if r is None else r[1]
+
+        least = next((S for S in STAGE_COUNTS if S <= L and S * tp <= c.count and split(S) is not None), None)
+        if least is None:
+            continue
+        prof = ctx.slot_profile(ci, tp, 1, ep, 1, 2, 1, False)
+        total, per_layer = prof.time(0, L, True, True), prof.time(0, L, False, False) / L
+
+        def guess(S: int, slowest: float) -> float:
+            reps = min(c.count // (S * tp), gbs)
+            per_node = max(1, k // (S * tp))
+            nodes = {n: per_node for n in c.nodes[: -(-reps // per_node)]}
+            sync = net.ring_all_reduce_time(reps, nodes, model.num_params / (S * tp) * grad_b, min(k, S * tp))
+            return -(-gbs // reps) * slowest + (S - 1) * total / S + sync
+
+        rough = sorted((guess(S, max(total / S, -(-L // S) * per_layer)), S)
+                       for S in range(least, min(L, c.count // tp) + 1))
+        for _, S in rough[:shortlist]:
+            slowest = split(S)
+            if slowest is not None:
+                scored.append((guess(S, slowest), S, tp))
+    return [Action("own", tp, 1, ep, S, c.count // (S * tp)) for _, S, tp in sorted(scored)[:per_class]]
+
+
+def depth_states(ctx: PlanningContext, per_class: int = 2) -> list[State]:
+    """Each class alone at its :func:`depth_actions`."""
+    skips = tuple(Action("skip") for _ in ctx.classes)
+    return [State(0, skips[:ci] + (a,) + skips[ci + 1:]) for ci in range(len(ctx.classes))
+            for a in depth_actions(ctx, ci, per_class)]
+
+
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
     """Homogeneous pipelines of class ``ci`` with the fewest stages whose layers fit (micro-batch 1), each
     also with only one node's worth of replicas (see ``replica_variants``)."""
@@ -305,7 +359,7 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     n = len(classes)
     levels = sorted({t for c in classes for t in tp_options(model, c.node_size)})
     spare = [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(n + 1)]
-    replicas = sorted((r for r in mix_replica_options(classes) if r), reverse=True)
+    replicas = sorted({r for r in mix_replica_options(classes) if r} | set(type_fills(classes)), reverse=True)
     plain = [st for R in replicas for tp in levels if (st := mixed_rule_state(ctx, R, tp)) is not None]
     every: dict[Template, State] = {}
     for j in range(n, 1, -1):
@@ -364,22 +418,29 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
     acts = []
+    prefix = State(R)
     for c in classes:
         if c.gpu.name not in types:
             types.append(c.gpu.name)
         want = tp * (2 ** types.index(c.gpu.name) if graded else 1)
         t = max((o for o in tp_options(ctx.model, c.node_size) if o <= want), default=1)
+        have = kin_left(prefix, c)[c.index] if len(c.kin) > 1 else c.count
         dp = 1
         if experts:
             dp = max((d for d in DP_CHOICES if d * t <= c.node_size and c.node_size % (d * t) == 0
-                      and c.count >= R * t * d), default=1)
-        acts.append((t, dp, ep_options(ctx.model, dp)[-1], c.count // (R * t * dp)))
-    total = sum(k for *_, k in acts)
+                      and have >= R * t * d), default=1)
+        k, pool = have // (R * t * dp), False
+        if k == 0:  # too small alone: pooled with its kin where they make up a replica's stage
+            k = _pooled(ctx, prefix, c, t * dp) // (R * t * dp)
+            pool = k > 0
+        acts.append((t, dp, ep_options(ctx.model, dp)[-1], k, pool))
+        prefix = prefix.push(Action("mix", t, dp, 1, k, R, pool) if k else Action("skip"))
+    total = sum(a[3] for a in acts)
     if total == 0:
         return None
     scale = min(1.0, ctx.model.num_layers / total)
-    st = State(R, tuple(Action("mix", t, dp, ep, int(k * scale), R) if int(k * scale) > 0 else Action("skip")
-                        for t, dp, ep, k in acts))
+    st = State(R, tuple(Action("mix", t, dp, ep, int(k * scale), R, pool) if int(k * scale) > 0 else Action("skip")
+                        for t, dp, ep, k, pool in acts))
     return None if st.is_empty() or sum(a.kind == "mix" for a in st.actions) < 2 else st
 
 
@@ -394,7 +455,8 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
     """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
     (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
     (:func:`balanced_stage_moves`), then one class's action at a time (its grid neighbours, then the off-grid
-    stage counts next to it: :func:`adjacent_stages`)."""
+    stage counts next to it: :func:`adjacent_stages`, and tp/dp regroupings off the grid); last, the mixed
+    group at the replica counts that a split GPU type fills."""
     classes, model = ctx.classes, ctx.model
     pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
     start = State(start.mix_replicas, start.actions + pad)
@@ -414,43 +476,71 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
             cur = best.actions[ci]
             options = class_actions(prefix, model, classes[ci])
             options += [v for a in options for v in replica_variants(a, classes[ci])]
-            for a in _neighbours(cur, options) + adjacent_stages(cur, options, prefix, classes[ci], model.num_layers):
+            moves = _neighbours(cur, options) + offgrid_regroupings(cur, options, model, classes[ci])
+            for a in moves + adjacent_stages(cur, options, prefix, classes[ci], model.num_layers):
                 if deadline.expired():
                     return best
                 cand = State(best.mix_replicas, best.actions[:ci] + (a,) + best.actions[ci + 1:])
                 v = pricer.price_state(cand)
                 if v > best_v * (1 + 1e-9):
                     best, best_v, improved = cand, v, True
+        for cand in replica_moves(ctx, best, fill=True):
+            if deadline.expired():
+                return best
+            v = pricer.price_state(cand)
+            if v > best_v * (1 + 1e-9):
+                best, best_v, improved = cand, v, True
         if not improved:
             break
     return best
 
 
-def replica_moves(ctx: PlanningContext, st: State) -> list[State]:
+def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[State]:
     """The mixed group at the nearest replica counts above and below its own that share the global batch
-    evenly (10 replicas of a batch of 1000, where the grid offers 8 and 12), each class's stages
-    rescaled to keep its GPUs busy within its count: uneven shares leave most replicas waiting on
-    the ones with an extra sequence."""
+    evenly (10 replicas of a batch of 1000, where the grid offers 8 and 12), or (``fill``) at each count
+    that one of its classes of a GPU type split across node sizes fills with its stages, pooled with
+    its kin (14 replicas of 14 GPUs); each class's stages
+    rescaled to keep its GPUs busy within what it has: uneven shares leave most replicas waiting on the
+    ones with an extra sequence, and a class left short of a replica stays out."""
     R = st.mix_replicas
     if not R or not any(a.kind == "mix" for a in st.actions):
         return []
     gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
     cap = max(c.count for c in ctx.classes)
     even = [r for r in range(1, min(cap, 2 * R) + 1) if gbs % r == 0 and r != R]
-    targets = [min((r for r in even if r > R), default=0), max((r for r in even if r < R), default=0)]
+    if fill:
+        targets = sorted({_pooled(ctx, State(R, st.actions[:ci]), ctx.classes[ci], a.tp * a.dp)
+                          // (a.tp * a.dp * a.stages) for ci, a in enumerate(st.actions)
+                          if a.kind == "mix" and len(ctx.classes[ci].kin) > 1} - {R})
+    else:
+        targets = [min((r for r in even if r > R), default=0), max((r for r in even if r < R), default=0)]
     out = []
-    for R2 in (r for r in targets if r):
-        acts = []
+    for R2 in dict.fromkeys(r for r in targets if r):
+        acts: list[Action] = []
         for ci, a in enumerate(st.actions):
-            if a.kind != "mix":
+            c, g = ctx.classes[ci], a.tp * a.dp
+            prefix = State(R2, tuple(acts))
+            if a.kind == "mix":
+                have = kin_left(prefix, c)[ci] if len(c.kin) > 1 else c.count
+                k = min(max(1, a.stages * R // R2), (have if have >= R2 * g else _pooled(ctx, prefix, c, g)) // (R2 * g))
+                acts.append(replace(a, stages=k, replicas=R2, pool=R2 * k * g > have) if k > 0 else Action("skip"))
+            elif a.kind == "own" and len(c.kin) > 1:  # kin pooled into the mix may have fewer GPUs left
+                reps = kin_left(prefix, c)[ci] // (a.stages * g)
+                acts.append(replace(a, replicas=reps) if reps else Action("skip"))
+            else:
                 acts.append(a)
-                continue
-            k = min(max(1, a.stages * R // R2), ctx.classes[ci].count // (R2 * a.tp * a.dp))
-            acts.append(replace(a, stages=k, replicas=R2) if k > 0 else Action("skip"))
         new = State(R2, tuple(acts))
         if sum(a.kind == "mix" for a in acts) and new.mixed_stages() <= L:
             out.append(new)
     return out
+
+
+def _pooled(ctx: PlanningContext, prefix: State, c: DeviceClass, g: int) -> int:
+    """GPUs a mixed slot of ``g`` GPUs of class ``c`` can have after ``prefix``: its own, then its kin's."""
+    if len(c.kin) < 2:
+        return c.count
+    left = kin_left(prefix, c)
+    return left[c.index] + sum(left[j] for j in pool_classes(c, g))
 
 
 def balanced_stage_moves(ctx: PlanningContext, st: State, per_class: int = 2) -> list[State]:
@@ -498,6 +588,17 @@ def adjacent_stages(cur: Action, options: list[Action], prefix: State, c: Device
         elif cur.kind == "mix" and cur.replicas * S * g <= c.count and used + S <= L:
             out.append(replace(cur, stages=S))
     return out
+
+
+def offgrid_regroupings(cur: Action, options: list[Action], model: ModelSpec, c: DeviceClass) -> list[Action]:
+    """``cur``'s stages with their GPUs split another way between tp and dp where its stage count is off the
+    grid (19, reached by a balanced move), so :func:`_neighbours` finds no such regrouping among the
+    options: otherwise a tp 2 x dp 2 group that refinement moved off the grid could never become tp 4."""
+    if cur.kind not in ("own", "mix") or any(a.kind == cur.kind and a.stages == cur.stages for a in options):
+        return []
+    g = cur.tp * cur.dp
+    return [replace(cur, tp=tp, dp=dp) for tp, dp, ep in slot_options(model, c)
+            if tp * dp == g and tp != cur.tp and ep == cur.ep]
 
 
 def _neighbours(cur: Action, options: list[Action]) -> list[Action]:

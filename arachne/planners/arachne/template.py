@@ -3,7 +3,8 @@
 A template is a list of pipeline groups. A group is one pipeline shape (an ordered list of stage
 slots) replicated ``replicas`` times. A slot names a device class (GPU type + node size +
 network), its tensor-parallel degree ``tp``, stage-level data parallelism ``dp`` and expert
-parallelism ``ep``. Layer splits, placement on nodes, micro-batch counts, micro-batch size,
+parallelism ``ep``; a *pooled* slot of a mixed group may also draw from later classes of its GPU type
+once its own class is used up (14 replicas from 8 GPUs in 4-GPU nodes and 6 single-GPU nodes). Layer splits, placement on nodes, micro-batch counts, micro-batch size,
 recomputation and ZeRO follow by rule (:mod:`arachne.planners.completion`).
 """
 
@@ -26,6 +27,7 @@ class DeviceClass:
     node_size: int
     inter_node_bw: float
     nodes: tuple[str, ...]
+    kin: tuple[tuple[int, int, int], ...] = ()  # (index, GPUs, node size) of every class of this GPU type
 
     @property
     def count(self) -> int:
@@ -45,7 +47,15 @@ def device_classes(cluster: Cluster, precision: str = "bf16") -> list[DeviceClas
         groups.setdefault(key, []).append(n.name)
         gpus[key] = n.gpu
     keys = sorted(groups, key=lambda k: (-gpus[k].peak_flops(precision), -gpus[k].memory_gb, -k[1], -k[2], k[0]))
-    return [DeviceClass(i, gpus[k], k[1], k[2], tuple(groups[k])) for i, k in enumerate(keys)]
+    kin: dict[str, list[tuple[int, int, int]]] = {}
+    for i, k in enumerate(keys):
+        kin.setdefault(k[0], []).append((i, k[1] * len(groups[k]), k[1]))
+    return [DeviceClass(i, gpus[k], k[1], k[2], tuple(groups[k]), tuple(kin[k[0]])) for i, k in enumerate(keys)]
+
+
+def pool_classes(c: DeviceClass, slot_gpus: int) -> list[int]:
+    """The later classes of ``c``'s GPU type that a pooled slot of ``slot_gpus`` GPUs can draw from."""
+    return [j for j, _, size in c.kin if j > c.index and slot_fits_nodes(slot_gpus, size)]
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,7 @@ class Slot:
     tp: int
     dp: int = 1
     ep: int = 1
+    pool: bool = False  # may draw from later classes of the same GPU type (see pool_classes)
 
     @property
     def gpus(self) -> int:
@@ -85,12 +96,29 @@ class Template:
         return c
 
     def fits_counts(self, classes: list[DeviceClass]) -> bool:
-        return all(n <= classes[c].count for c, n in self.usage().items())
+        """Every slot's GPUs exist: each class's own first, a pooled slot's shortfall from its kin (in
+        group order, as placement takes them)."""
+        if not any(s.pool for g in self.groups for s in g.slots):
+            return all(n <= classes[c].count for c, n in self.usage().items())
+        left = [c.count for c in classes]
+        for g in self.groups:
+            for s in g.slots:
+                need = s.gpus * g.replicas
+                take = min(need, left[s.cls])
+                left[s.cls] -= take
+                need -= take
+                for j in pool_classes(classes[s.cls], s.gpus) if s.pool and need else ():
+                    take = min(need, left[j])
+                    left[j] -= take
+                    need -= take
+                if need:
+                    return False
+        return True
 
     def describe(self, classes: list[DeviceClass]) -> str:
         parts = []
         for g in self.groups:
-            slots = " | ".join(f"{classes[s.cls].gpu.name} tp{s.tp}" + (f" dp{s.dp}" if s.dp > 1 else "")
+            slots = " | ".join(f"{classes[s.cls].gpu.name}{'+' if s.pool else ''} tp{s.tp}" + (f" dp{s.dp}" if s.dp > 1 else "")
                                + (f" ep{s.ep}" if s.ep > 1 else "") for s in g.slots)
             parts.append(f"{g.replicas} x [{slots}]")
         return " + ".join(parts)
