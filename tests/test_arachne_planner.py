@@ -650,3 +650,14 @@ def test_the_policy_offers_pooled_actions_only_if_its_teacher_did():
     assert not any(a.pool for st in proposals[False] for a in st.actions)
     assert any(a.pool for st in proposals[True] for a in st.actions)
     assert Policy([(w, np.zeros(1))], np.zeros(FEATURE_DIM), np.ones(FEATURE_DIM), {}).pooled_actions is False
+
+
+def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage():
+    from arachne.planners.completion import mbs_candidates
+
+    job = Job(global_batch_size=128, sequence_length=1024)
+    plain = Template((Group((Slot(0, 1, 1),), 8),))
+    wide = Template((Group((Slot(0, 1, 8, 4),), 1),))  # one stage over 8 GPUs (experts sharded 4 ways)
+    assert mbs_candidates(plain, job, True) == [1, 2, 4, 8, 16, 32]
+    assert mbs_candidates(wide, job, True) == [8, 16, 32, 64, 128]
+    assert mbs_candidates(wide, Job(global_batch_size=96, sequence_length=1024), True) == [8, 16, 32]

@@ -476,11 +476,13 @@ def _note_even_split(template: Template, ctx: PlanningContext, mbs: int, recompu
 
 
 def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = False) -> list[int]:
-    """Micro-batch sizes dividing the batch and every stage's dp; with ``allow_fewer_pipelines`` also
+    """Micro-batch sizes dividing the batch and every stage's dp, up to 32 sequences per GPU of the widest
+    stage (a stage of dp 8 splits a micro-batch of 128 into 16 each); with ``allow_fewer_pipelines`` also
     those that feed fewer micro-batches than the template has pipelines (the rest are dropped)."""
     n_pipes = sum(g.replicas for g in template.groups)
     dps = {s.dp for g in template.groups for s in g.slots}
-    out = [b for b in MBS_CHOICES if job.global_batch_size % b == 0 and all(b % d == 0 for d in dps)
+    choices = MBS_CHOICES + tuple(MBS_CHOICES[-1] * d for d in (2, 4, 8) if d <= max(dps))
+    out = [b for b in choices if job.global_batch_size % b == 0 and all(b % d == 0 for d in dps)
            and (allow_fewer_pipelines or job.global_batch_size // b >= n_pipes)]
     return out
 
