@@ -140,6 +140,8 @@ def register(app: typer.Typer) -> None:
             ("GPU types held out", ", ".join(cfg.get("problems", {}).get("exclude_gpus", []))),
             ("node sizes seen", ", ".join(map(str, info.get("node_sizes_seen", [])))),
             ("largest training cluster", f"{info.get('max_gpus_seen')} GPUs"),
+            ("pooled mixed actions", "offered (its teacher had them)" if pol.pooled_actions
+             else "not offered (trained before them; rules and refinement still pool)"),
             ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} (epoch {kept['epoch']})"),
             ("training wall time", f"{info.get('wall_time_s', 0):.0f} s"),
         ]

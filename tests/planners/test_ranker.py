@@ -129,6 +129,7 @@ def test_policy_info_reports_the_shipped_ranker():
     assert info["ranker"]["templates"] > info["ranker"]["training_problems"] > 0
     res = CliRunner().invoke(app, ["policy-info"])
     assert res.exit_code == 0 and "ranker checkpoint" in res.output
+    assert "pooled mixed actions" in res.output and ("not offered" in res.output) != shipped_policy().pooled_actions
 
 
 def test_the_shipped_ranker_was_trained_on_the_shipped_policy():
