@@ -661,16 +661,3 @@ def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage()
     assert mbs_candidates(plain, job, True) == [1, 2, 4, 8, 16, 32]
     assert mbs_candidates(wide, job, True) == [8, 16, 32, 64, 128]
     assert mbs_candidates(wide, Job(global_batch_size=96, sequence_length=1024), True) == [8, 16, 32]
-
-
-def test_the_widest_graded_rule_gives_slower_types_a_whole_node_of_tp():
-    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state
-
-    cl = cluster_from_dict({"name": "w", "nodes": [
-        {"name": "g{i}", "count": 2, "gpu": "GH200", "gpus_per_node": 8},
-        {"name": "a{i}", "count": 1, "gpu": "A10", "gpus_per_node": 8}]})
-    ctx = ctx_for("LLaMA-3-8B", gbs=16, seq=512, cluster=cl)
-    st = mixed_rule_state(ctx, 1, 1, graded="widest")
-    assert st.actions == (Action("mix", 1, 1, 1, 16, 1), Action("mix", 8, 1, 1, 1, 1))
-    assert mixed_rule_state(ctx, 1, 1, graded=True).actions[1].tp == 2  # doubling: tp 2 for the second type
-    assert st.template() in {s.template() for s in mixed_floor_states(ctx)}

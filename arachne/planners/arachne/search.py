@@ -352,9 +352,7 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     """Mixed pipelines by rule: ``R`` replicas over the fastest ``j`` classes, each class contributing
     stages in proportion to its GPUs, at one tp level (``uniform``) or with tp doubling per slower GPU
-    type (``graded``: a slower type holds fewer, wider stages) or at the widest in-node tp for every type
-    slower than the first (``"widest"``: 16 single-GPU GH200 stages, then one A10 stage of tp 8). Two
-    orders are interleaved: a cheap
+    type (``graded``: a slower type holds fewer, wider stages). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
     (shorter pipelines; fewer replicas matter when memory is tight)."""
     classes, model = ctx.classes, ctx.model
@@ -367,7 +365,7 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     for j in range(n, 1, -1):
         for R in replicas:
             for tp in levels:
-                for graded in (False, True, "widest"):
+                for graded in (False, True):
                     for experts in ((False, True) if model.is_moe else (False,)):
                         st = mixed_rule_state(ctx, R, tp, j, graded, experts)
                         if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
@@ -412,10 +410,10 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
 
 
 def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None,
-                     graded: bool | str = False, experts: bool = False) -> State | None:
+                     graded: bool = False, experts: bool = False) -> State | None:
     """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
     stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
-    it; ``"widest"``: a whole node's tp for every type after the first), as many as its GPUs allow per replica, scaled down to the layer count. ``experts`` (MoE): each
+    it), as many as its GPUs allow per replica, scaled down to the layer count. ``experts`` (MoE): each
     stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep)."""
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
@@ -424,8 +422,7 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
     for c in classes:
         if c.gpu.name not in types:
             types.append(c.gpu.name)
-        rank = types.index(c.gpu.name)
-        want = (c.node_size if rank else tp) if graded == "widest" else tp * (2 ** rank if graded else 1)
+        want = tp * (2 ** types.index(c.gpu.name) if graded else 1)
         t = max((o for o in tp_options(ctx.model, c.node_size) if o <= want), default=1)
         have = kin_left(prefix, c)[c.index] if len(c.kin) > 1 else c.count
         dp = 1
