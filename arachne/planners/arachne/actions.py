@@ -3,9 +3,10 @@
 Decision 0 picks how many replicas ``R`` a *mixed* pipeline group has (0: none). Then each
 class picks one action: ``skip``; ``own`` (homogeneous pipelines of ``S`` stages of (tp, dp, ep),
 as many replicas as fit); or ``mix`` (``k`` stages of (tp, dp, ep) in each of the ``R`` mixed
-replicas; *pooled* when the class alone has too few GPUs for one stage per replica and later classes of
-its GPU type make up the rest). A class only has the GPUs that earlier pooled actions left it. Any prefix of decisions is itself a template (later classes unused), which is what
-lets both the teacher and the policy build templates step by step.
+replicas; *pooled* when the class alone has too few GPUs for one stage per replica and later classes
+of its GPU type make up the rest). A class only has the GPUs that earlier pooled actions left it.
+Any prefix of decisions is itself a template (later classes unused), which is what lets both the
+teacher and the policy build templates step by step.
 """
 
 from __future__ import annotations

@@ -352,7 +352,8 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     """Mixed pipelines by rule: ``R`` replicas over the fastest ``j`` classes, each class contributing
     stages in proportion to its GPUs, at one tp level (``uniform``) or with tp doubling per slower GPU
-    type (``graded``: a slower type holds fewer, wider stages). Two orders are interleaved: a cheap
+    type (``graded``: a slower type holds fewer, wider stages); also at the replica counts a GPU type
+    split across node sizes fills (:func:`type_fills`). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
     (shorter pipelines; fewer replicas matter when memory is tight)."""
     classes, model = ctx.classes, ctx.model
@@ -413,7 +414,8 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
                      graded: bool = False, experts: bool = False) -> State | None:
     """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
     stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
-    it), as many as its GPUs allow per replica, scaled down to the layer count. ``experts`` (MoE): each
+    it), as many as its GPUs allow per replica (pooled with its kin when too few for one), scaled down
+    to the layer count. ``experts`` (MoE): each
     stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep)."""
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
@@ -499,8 +501,8 @@ def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[S
     """The mixed group at the nearest replica counts above and below its own that share the global batch
     evenly (10 replicas of a batch of 1000, where the grid offers 8 and 12), or (``fill``) at each count
     that one of its classes of a GPU type split across node sizes fills with its stages, pooled with
-    its kin (14 replicas of 14 GPUs); each class's stages
-    rescaled to keep its GPUs busy within what it has: uneven shares leave most replicas waiting on the
+    its kin (14 replicas of 14 GPUs); each class's stages rescaled to keep its GPUs busy within what
+    it has: uneven shares leave most replicas waiting on the
     ones with an extra sequence, and a class left short of a replica stays out."""
     R = st.mix_replicas
     if not R or not any(a.kind == "mix" for a in st.actions):
@@ -522,7 +524,8 @@ def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[S
             prefix = State(R2, tuple(acts))
             if a.kind == "mix":
                 have = kin_left(prefix, c)[ci] if len(c.kin) > 1 else c.count
-                k = min(max(1, a.stages * R // R2), (have if have >= R2 * g else _pooled(ctx, prefix, c, g)) // (R2 * g))
+                avail = have if have >= R2 * g else _pooled(ctx, prefix, c, g)
+                k = min(max(1, a.stages * R // R2), avail // (R2 * g))
                 acts.append(replace(a, stages=k, replicas=R2, pool=R2 * k * g > have) if k > 0 else Action("skip"))
             elif a.kind == "own" and len(c.kin) > 1:  # kin pooled into the mix may have fewer GPUs left
                 reps = kin_left(prefix, c)[ci] // (a.stages * g)

@@ -3,9 +3,10 @@
 A template is a list of pipeline groups. A group is one pipeline shape (an ordered list of stage
 slots) replicated ``replicas`` times. A slot names a device class (GPU type + node size +
 network), its tensor-parallel degree ``tp``, stage-level data parallelism ``dp`` and expert
-parallelism ``ep``; a *pooled* slot of a mixed group may also draw from later classes of its GPU type
-once its own class is used up (14 replicas from 8 GPUs in 4-GPU nodes and 6 single-GPU nodes). Layer splits, placement on nodes, micro-batch counts, micro-batch size,
-recomputation and ZeRO follow by rule (:mod:`arachne.planners.completion`).
+parallelism ``ep``; a *pooled* slot of a mixed group may also draw from later classes of its GPU
+type once its own class is used up (14 replicas from 8 GPUs in 4-GPU nodes and 6 single-GPU nodes).
+Layer splits, placement on nodes, micro-batch counts, micro-batch size, recomputation and ZeRO
+follow by rule (:mod:`arachne.planners.completion`).
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ class Template:
     def describe(self, classes: list[DeviceClass]) -> str:
         parts = []
         for g in self.groups:
-            slots = " | ".join(f"{classes[s.cls].gpu.name}{'+' if s.pool else ''} tp{s.tp}" + (f" dp{s.dp}" if s.dp > 1 else "")
-                               + (f" ep{s.ep}" if s.ep > 1 else "") for s in g.slots)
+            slots = " | ".join(f"{classes[s.cls].gpu.name}{'+' if s.pool else ''} tp{s.tp}"
+                               + (f" dp{s.dp}" if s.dp > 1 else "") + (f" ep{s.ep}" if s.ep > 1 else "")
+                               for s in g.slots)
             parts.append(f"{g.replicas} x [{slots}]")
         return " + ".join(parts)
 
