@@ -19,6 +19,7 @@ from arachne.planners.arachne.template import (
     Slot,
     Template,
     ep_options,
+    pool_classes,
     slot_fits_nodes,
     tp_options,
 )
@@ -170,8 +171,7 @@ def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: in
         if R:
             used = state.mixed_stages()
             # pooled only where the class alone cannot give every replica a stage
-            more = 0 if R * g <= count or not pool else sum(left[j] for j, _, size in c.kin
-                                                if j > c.index and slot_fits_nodes(g, size))
+            more = 0 if R * g <= count or not pool else sum(left[j] for j in pool_classes(c, g))
             for k in STAGE_COUNTS:
                 if used + k > L or R * k * g > count + more:
                     break
