@@ -1,7 +1,7 @@
 """How well templates are ordered for screening: at large scale only the first few get screened.
 
-For every case, the pool -- the policy's top-24 proposals and every mixed-rule template
-(``mixed_floor_states``) -- is screened once (the cost model's price at the most promising
+For every case, the pool -- the policy's top-24 proposals and the planner's rule pool (``rule_pool``:
+mixed rules, deeper pipelines, the depth rule) -- is screened once (the cost model's price at the most promising
 micro-batch size). An ordering scores, for K = 2, 4, 8, 16, the best screened throughput among its
 first K templates divided by the best of the whole pool. Orderings:
   learned      the learned ranker over the whole pool (``arachne train-ranker``; the planner's order)
@@ -12,11 +12,11 @@ first K templates divided by the best of the whole pool. Orderings:
   plain        the mixed rules, all classes at one tp level, more replicas first (the first rule)
   random       the whole pool shuffled (mean of 5 shuffles)
 It also prints how much the policy's proposals add: the best of every rule template (the floor's
-core and the mixed rules), screened, against the best with the proposals.
+core and the rule pool), screened, against the best with the proposals.
 Cases: the planners grid (``benchmarks/planners.py``) and the random clusters of
 ``benchmarks/robustness.py`` for each ``--seeds`` value; neither is in the ranker's training set.
 
-Usage:  python benchmarks/rule_order.py [--seeds 0,1] [--ranker FILE] [--out results/rule_order]
+Usage:  python benchmarks/rule_order.py [--seeds 0,1] [--ranker FILE ...] [--out results/rule_order]
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ from itertools import zip_longest
 from arachne.planners.arachne.actions import mix_replica_options
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import shipped_ranker, template_matrix
+from arachne.planners.arachne.ranker import RankerEnsemble, shipped_ranker, template_matrix
 from arachne.planners.arachne.search import (
     Pricer,
     _mix_proxy,
-    floor_states,
     mixed_floor_states,
     mixed_rule_state,
     policy_search,
+    rule_pool,
 )
 from arachne.planners.arachne.template import tp_options
 from arachne.planners.completion import PlanningContext
@@ -96,13 +96,14 @@ def plain_order(ctx: PlanningContext) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--ranker", type=Path, default=None, help="ranker weights (default: the shipped ones)")
+    ap.add_argument("--ranker", type=Path, nargs="+", default=None,
+                    help="ranker weights, several for an ensemble (default: the shipped ones)")
     ap.add_argument("--out", type=Path, default=Path("results/rule_order"))
     a = ap.parse_args()
     try:
-        ranker = Policy.load(a.ranker) if a.ranker else shipped_ranker()
+        ranker = RankerEnsemble([Policy.load(f) for f in a.ranker]) if a.ranker else shipped_ranker()
     except (OSError, ValueError, KeyError) as e:
-        ap.error(f"--ranker: {a.ranker}: not a ranker.npz ({e})")
+        ap.error(f"--ranker: {' '.join(map(str, a.ranker))}: not ranker.npz files ({e})")
     if ranker is None:
         ap.error("no ranker: train one with `arachne train-ranker` or pass --ranker")
     rows = []
@@ -110,15 +111,16 @@ def main() -> None:
         ctx = PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq),
                               CostModel(cl))
         feats = FeatureBuilder(ctx)
+        pricer = Pricer(ctx)
+        core, rest = rule_pool(ctx, pricer)
         mixed = mixed_floor_states(ctx)
         proposed = policy_search(ctx, shipped_policy(), 24, feats)
         pool, rule, seen = [], [], set()
-        for st, r in [(s_, False) for s_ in proposed] + [(s_, True) for s_ in mixed]:
+        for st, r in [(s_, False) for s_ in proposed] + [(s_, True) for s_ in rest]:
             if not st.is_empty() and st.template() not in seen:
                 seen.add(st.template())
                 pool.append(st)
                 rule.append(r)
-        pricer = Pricer(ctx)
         value = {st.template(): pricer.screen_state(st) for st in pool}
         best = max(value.values(), default=0.0)
         if best <= 0:
@@ -137,9 +139,8 @@ def main() -> None:
                   "plain": plain_order(ctx)}
         # how much the policy's proposals add: the best of every rule template (the floor's core and the
         # mixed rules) over the best of the pool and the core
-        core, _ = floor_states(ctx, pricer, price=False)
-        rule_best = max([value.get(t, 0.0) for t in mixed_t] + [pricer.screen_state(st) for st in core])
-        row = {"case": name, "gpus": cl.num_gpus, "pool": len(pool), "rules": len(mixed),
+        rule_best = max([value.get(st.template(), 0.0) for st in rest] + [pricer.screen_state(st) for st in core])
+        row = {"case": name, "gpus": cl.num_gpus, "pool": len(pool), "rules": len(rest),
                "rules@all": rule_best / max(best, rule_best)}
         for o, seq_ in orders.items():
             seq_ = list(dict.fromkeys(seq_))

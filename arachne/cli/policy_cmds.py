@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from arachne.cli.common import console, err_console, handle_errors
+from arachne.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -65,6 +66,25 @@ def register(app: typer.Typer) -> None:
             shutil.copy(out / f, target / f)
         console.print(f"installed into {target}")
 
+    def _install_ranker(out: Path, files: tuple[str, ...], add: bool) -> None:
+        """Install a trained ranker as the only shipped one, or (``add``) as the ensemble's next member."""
+        import shutil
+
+        from arachne.planners.arachne.ranker import member_file
+
+        target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
+        n = 1
+        while (target / member_file(n)).is_file():
+            n += 1
+        if not add:
+            for k in range(2, n):  # the members beyond the first go with it
+                for f in files:
+                    (target / f.replace("ranker", f"ranker_{k}", 1)).unlink(missing_ok=True)
+            n = 1
+        for f in files:
+            shutil.copy(out / f, target / (f if n == 1 else f.replace("ranker", f"ranker_{n}", 1)))
+        console.print(f"installed into {target} as ranker member {n}")
+
     def _run(cfg, out, clusters, val_clusters, rounds):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -87,9 +107,12 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(11, "--seed"),
         epochs: int = typer.Option(60, "--epochs", min=1),
         out: Path = typer.Option(Path("results/ranker"), "-o", "--out", help="output directory"),
-        install: bool = typer.Option(False, "--install", help="also replace the shipped ranker"),
+        install: bool = typer.Option(False, "--install", help="also replace the shipped rankers with this one"),
+        add: bool = typer.Option(False, "--add", help="also install it as one more member of the shipped ensemble"),
     ) -> None:
         """Train the screening order: rank the policy's proposals and the rule templates together."""
+        if install and add:
+            raise InputError("", "--install/--add", "choose one (replace the shipped rankers, or add a member)")
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from arachne.planners.arachne.train.learn import TrainConfig
@@ -107,8 +130,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"trained on {info['training_problems']} pools, {info['templates']} templates; kept epoch "
                       f"{best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
                       f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png")
-        if install:
-            _install(out, RANKER_OUTPUTS)
+        if install or add:
+            _install_ranker(out, RANKER_OUTPUTS, add)
 
     @app.command("policy-info")
     @handle_errors
@@ -125,7 +148,9 @@ def register(app: typer.Typer) -> None:
             from arachne.planners.arachne.ranker import shipped_ranker
 
             rk = shipped_ranker()
-            print(json.dumps({**info, "ranker": rk.info if rk is not None else None}, indent=1))
+            members = [m.info for m in rk.members] if rk is not None else []
+            print(json.dumps({**info, "ranker": rk.info if rk is not None else None, "ranker_members": members},
+                             indent=1))
             return
         cfg = info.get("config", {})
         params = sum(w.size + b.size for w, b in pol.layers)
@@ -159,24 +184,28 @@ def register(app: typer.Typer) -> None:
         if rk is None:
             console.print("no ranker checkpoint is shipped: proposals and rules are screened interleaved")
             return
-        rinfo, rcfg = rk.info, rk.info.get("config", {})
-        kept = min(rinfo["rounds"][-1]["curve"], key=lambda r: r.get("val_loss", r["train_loss"]))
-        r = Table(title="arachne ranker checkpoint (the screening order)", show_header=False)
-        r.add_column("what")
-        r.add_column("value")
-        for k, v in (("trained", rinfo.get("trained_at", "?")),
-                     ("problems / templates", f"{rinfo.get('training_problems')} / {rinfo.get('templates')}"),
-                     ("seed", str(rcfg.get("seed"))),
-                     ("policy ranked", (rinfo.get("policy_sha256") or "?")[:12]),
-                     ("network", f"{len(rk.layers)} layers, {sum(w.size + b.size for w, b in rk.layers):,} "
-                                 f"parameters, input {rk.mean.shape[0]} features"),
-                     ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} "
-                                                       f"(epoch {kept['epoch']})"),
-                     ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s")):
-            r.add_row(k, v)
-        console.print(r)
+        for n, member in enumerate(rk.members, 1):
+            rinfo, rcfg = member.info, member.info.get("config", {})
+            kept = min(rinfo["rounds"][-1]["curve"], key=lambda r: r.get("val_loss", r["train_loss"]))
+            title = "arachne ranker checkpoint (the screening order)"
+            r = Table(title=title + (f", member {n} of {len(rk.members)}" if len(rk.members) > 1 else ""),
+                      show_header=False)
+            r.add_column("what")
+            r.add_column("value")
+            for k, v in (("trained", rinfo.get("trained_at", "?")),
+                         ("problems / templates", f"{rinfo.get('training_problems')} / {rinfo.get('templates')}"),
+                         ("seed", str(rcfg.get("seed"))),
+                         ("policy ranked", (rinfo.get("policy_sha256") or "?")[:12]),
+                         ("network", f"{len(member.layers)} layers, "
+                                     f"{sum(w.size + b.size for w, b in member.layers):,} parameters, "
+                                     f"input {member.mean.shape[0]} features"),
+                         ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} "
+                                                           f"(epoch {kept['epoch']})"),
+                         ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s")):
+                r.add_row(k, v)
+            console.print(r)
         from arachne.planners.arachne.policy import shipped_sha256
 
-        if rinfo.get("policy_sha256") != shipped_sha256():
-            err_console.print("warning: the ranker was trained on the proposals of another policy checkpoint; "
+        if any(m.info.get("policy_sha256") != shipped_sha256() for m in rk.members):
+            err_console.print("warning: a ranker was trained on the proposals of another policy checkpoint; "
                               "retrain it with `arachne train-ranker`")

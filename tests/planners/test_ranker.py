@@ -10,8 +10,8 @@ from hypothesis import strategies as st_
 from arachne.cost import CostModel
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import TEMPLATE_DIM, rank_states, template_matrix
-from arachne.planners.arachne.search import Pricer, mixed_floor_states
+from arachne.planners.arachne.ranker import TEMPLATE_DIM, RankerEnsemble, rank_states, template_matrix
+from arachne.planners.arachne.search import Pricer, depth_states, mixed_floor_states, rule_pool
 from arachne.planners.arachne.train.ranker import planner_pool
 from arachne.planners.base import SearchBudget, run_planner
 from arachne.planners.completion import PlanningContext
@@ -68,6 +68,36 @@ def test_ranking_is_a_permutation_sorted_by_score(w):
     assert sorted(map(id, out)) == sorted(map(id, pool))
     scores = ranker.logits(template_matrix(ctx, out, flags))
     assert np.all(np.diff(scores) <= 1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st_.lists(st_.floats(-3, 3), min_size=2 * TEMPLATE_DIM, max_size=2 * TEMPLATE_DIM),
+       st_.floats(0.1, 10))
+def test_an_ensemble_sums_standardised_member_scores(w, scale):
+    """Scaling one member does not change its weight in the average; a member twice over orders as
+    that member alone."""
+    ctx = ctx_for()
+    pool = mixed_floor_states(ctx)
+    x = template_matrix(ctx, pool, [True] * len(pool))
+    a, b = linear_ranker(np.array(w[:TEMPLATE_DIM])), linear_ranker(np.array(w[TEMPLATE_DIM:]))
+    loud = linear_ranker(np.array(w[TEMPLATE_DIM:]) * scale)
+    assert np.allclose(RankerEnsemble([a, b]).logits(x), RankerEnsemble([a, loud]).logits(x), atol=1e-6)
+    assert rank_states(ctx, RankerEnsemble([a, a]), pool, [True] * len(pool)) == rank_states(
+        ctx, a, pool, [True] * len(pool))
+    za, zb = [(v - v.mean()) / (v.std() + 1e-9) for v in (a.logits(x), b.logits(x))]
+    assert np.allclose(RankerEnsemble([a, b]).logits(x), za + zb)
+
+
+def test_rankers_train_on_the_pool_the_planner_ranks():
+    """The training pool holds every rule template the planner screens, the depth rule's included."""
+    ctx = ctx_for()
+    pool, from_rule = planner_pool(ctx, shipped_policy(), 8, FeatureBuilder(ctx))
+    core, rest = rule_pool(ctx, Pricer(ctx))
+    ranked = {st.template() for st in pool}
+    assert {st.template() for st in rest} <= ranked
+    depth = [st for st in depth_states(ctx) if st not in core]
+    assert depth and all(st.template() in ranked for st in depth)
+    assert any(from_rule) and not all(from_rule)
 
 
 def test_the_planner_screens_in_the_rankers_order():
@@ -127,6 +157,7 @@ def test_policy_info_reports_the_shipped_ranker():
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)
     assert info["ranker"]["templates"] > info["ranker"]["training_problems"] > 0
+    assert len(info["ranker_members"]) == len(shipped_ranker().members) >= 1
     res = CliRunner().invoke(app, ["policy-info"])
     assert res.exit_code == 0 and "ranker checkpoint" in res.output
     assert "pooled mixed actions" in res.output and ("not offered" in res.output) != shipped_policy().pooled_actions
@@ -140,4 +171,5 @@ def test_the_shipped_ranker_was_trained_on_the_shipped_policy():
     rk = shipped_ranker()
     if rk is None or shipped_policy() is None:
         pytest.skip("no checkpoints shipped")
-    assert rk.info.get("policy_sha256") == shipped_sha256(), "retrain the ranker: arachne train-ranker --install"
+    for m in rk.members:
+        assert m.info.get("policy_sha256") == shipped_sha256(), "retrain the rankers: arachne train-ranker --install"

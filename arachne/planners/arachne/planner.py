@@ -10,13 +10,12 @@ from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import rank_states, shipped_ranker
+from arachne.planners.arachne.ranker import RankerEnsemble, rank_states, shipped_ranker
 from arachne.planners.arachne.search import (
     Pricer,
-    depth_states,
-    floor_states,
     policy_search,
     refine,
+    rule_pool,
     teacher_search,
 )
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
@@ -47,9 +46,8 @@ class ArachnePlanner:
                  use_polish: bool = True, target_s: float = BASE_TARGET_S, polish_share: float = 0.15,
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
-                 ranker: Policy | None = None, use_ranker: bool = True, rank_k: int = 0, clock: str = "work",
-                 balance_sends: bool = True, more_starts: int = 2,
-                 depth_rule: bool = True):
+                 ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
+                 clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -71,7 +69,7 @@ class ArachnePlanner:
         self.clock = clock  # "work": the target counts work done (same plan under any load); "wall": seconds
         self.balance_sends = balance_sends  # layer splits balance blocking sends too (see completion.split_layers)
         self.more_starts = more_starts  # further refinement starts when time is left (path dependence)
-        self.depth_rule = depth_rule  # each class alone at the depths a quick guess rates best (see depth_states)
+        self.depth_rule = depth_rule  # each class alone at the depths a quick guess rates best (depth_states)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -106,11 +104,10 @@ class ArachnePlanner:
             core: list[State] = []
             mixed: list[State] = []
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
-                core, mixed = floor_states(ctx, pricer, deadline, self.floor_actions, price=False)
+                depth = self.depth_rule and mode == "policy" and not self.rank_k
+                core, mixed = rule_pool(ctx, pricer, deadline, self.floor_actions, depth)
                 if mode == "floor" and self.floor_k:  # the ablation's equal-size rule arm: the first k rules
                     core, mixed = core[: self.floor_k], mixed[: max(0, self.floor_k - len(core))]
-            if self.depth_rule and mode == "policy" and self.use_floor and not self.rank_k:
-                mixed = mixed + [st for st in depth_states(ctx) if st not in core]
             if mode == "teacher":
                 teacher_search(ctx, pricer, self.teacher_beam, deadline, advance)
             timed = mode == "policy" and self.use_floor  # the shipped configuration keeps to its latency target

@@ -306,6 +306,17 @@ def depth_states(ctx: PlanningContext, per_class: int = 2) -> list[State]:
             for a in depth_actions(ctx, ci, per_class)]
 
 
+def rule_pool(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None, max_actions: int = 0,
+              depth: bool = True) -> tuple[list[State], list[State]]:
+    """The rule templates the shipped planner starts from, as (core, rest): the core is priced as is;
+    the rest (mixed rules, deeper pipelines and, with ``depth``, :func:`depth_states`) joins the policy's
+    proposals in the ranker's screening order. Planning and ranker training both build it here."""
+    core, mixed = floor_states(ctx, pricer, deadline, max_actions, price=False)
+    if depth:
+        mixed = mixed + [st for st in depth_states(ctx) if st not in core]
+    return core, mixed
+
+
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
     """Homogeneous pipelines of class ``ci`` with the fewest stages whose layers fit (micro-batch 1), each
     also with only one node's worth of replicas (see ``replica_variants``)."""

@@ -1,5 +1,5 @@
 """`arachne train-ranker`: learn the screening order. Per generated problem, the pool the planner
-orders -- the shipped policy's proposals and every mixed-pipeline rule -- is screened in full by the
+orders -- the shipped policy's proposals and the rule pool -- is screened in full by the
 cost model; the ranker learns to put the best first (the same listwise loss as the policy)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from arachne.cost import CostModel
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy, shipped_sha256
 from arachne.planners.arachne.ranker import template_matrix
-from arachne.planners.arachne.search import Pricer, mixed_floor_states, policy_search
+from arachne.planners.arachne.search import Pricer, policy_search, rule_pool
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
 from arachne.planners.arachne.train.pipeline import map_tasks, write_outputs
 from arachne.planners.arachne.train.problems import Problem, ProblemConfig, random_problem
@@ -41,11 +41,13 @@ class RankerConfig:
 
 
 def planner_pool(ctx: PlanningContext, policy: Policy | None, k: int, feats: FeatureBuilder):
-    """The templates the planner orders before screening: the policy's proposals, then the mixed
-    rules, without repeats; with a flag per template saying it came from the rules."""
+    """The templates the planner orders before screening: the policy's proposals, then the rule pool
+    (:func:`rule_pool`, as the shipped planner builds it), without repeats; with a flag per template
+    saying it came from the rules."""
     proposed = policy_search(ctx, policy, k, feats) if policy is not None else []
+    _, rules = rule_pool(ctx, Pricer(ctx))
     pool, from_rule, seen = [], [], set()
-    for st, rule in [(s, False) for s in proposed] + [(s, True) for s in mixed_floor_states(ctx)]:
+    for st, rule in [(s, False) for s in proposed] + [(s, True) for s in rules]:
         tpl = st.template()
         if not st.is_empty() and tpl not in seen:
             seen.add(tpl)
