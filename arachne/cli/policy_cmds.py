@@ -66,25 +66,6 @@ def register(app: typer.Typer) -> None:
             shutil.copy(out / f, target / f)
         console.print(f"installed into {target}")
 
-    def _install_ranker(out: Path, files: tuple[str, ...], add: bool) -> None:
-        """Install a trained ranker as the only shipped one, or (``add``) as the ensemble's next member."""
-        import shutil
-
-        from arachne.planners.arachne.ranker import member_file
-
-        target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
-        n = 1
-        while (target / member_file(n)).is_file():
-            n += 1
-        if not add:
-            for k in range(2, n):  # the members beyond the first go with it
-                for f in files:
-                    (target / f.replace("ranker", f"ranker_{k}", 1)).unlink(missing_ok=True)
-            n = 1
-        for f in files:
-            shutil.copy(out / f, target / (f if n == 1 else f.replace("ranker", f"ranker_{n}", 1)))
-        console.print(f"installed into {target} as ranker member {n}")
-
     def _run(cfg, out, clusters, val_clusters, rounds):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -116,7 +97,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from arachne.planners.arachne.train.learn import TrainConfig
-        from arachne.planners.arachne.train.ranker import RANKER_OUTPUTS, RankerConfig, run_ranker_pipeline
+        from arachne.planners.arachne.train.ranker import RankerConfig, run_ranker_pipeline
 
         cfg = RankerConfig(clusters=clusters, val_clusters=val_clusters, workers=workers, address=address, seed=seed,
                            train=TrainConfig(hidden=128, epochs=epochs, batch_decisions=64, tau=0.05, seed=seed))
@@ -131,7 +112,11 @@ def register(app: typer.Typer) -> None:
                       f"{best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
                       f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png")
         if install or add:
-            _install_ranker(out, RANKER_OUTPUTS, add)
+            from arachne.planners.arachne.ranker import install_ranker
+
+            target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
+            n = install_ranker(out, target, add)
+            console.print(f"installed into {target} as ranker member {n}")
 
     @app.command("policy-info")
     @handle_errors

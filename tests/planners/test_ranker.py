@@ -173,3 +173,27 @@ def test_the_shipped_ranker_was_trained_on_the_shipped_policy():
         pytest.skip("no checkpoints shipped")
     for m in rk.members:
         assert m.info.get("policy_sha256") == shipped_sha256(), "retrain the rankers: arachne train-ranker --install"
+
+
+def test_install_ranker_replaces_the_ensemble_or_adds_a_member(tmp_path):
+    from arachne.planners.arachne.ranker import RANKER_OUTPUTS, install_ranker
+
+    out, weights = tmp_path / "run", tmp_path / "weights"
+    out.mkdir()
+    weights.mkdir()
+    for f in RANKER_OUTPUTS:
+        (out / f).write_text(f)
+    (weights / "policy.npz").write_text("policy")
+    assert [install_ranker(out, weights, add) for add in (False, True, True)] == [1, 2, 3]
+    assert (weights / "ranker_3_report.json").read_text() == "ranker_report.json"
+    assert install_ranker(out, weights, add=False) == 1  # a fresh ranker alone: the other members go
+    assert sorted(p.name for p in weights.iterdir()) == sorted([*RANKER_OUTPUTS, "policy.npz"])
+
+
+def test_train_ranker_refuses_install_and_add_together():
+    from typer.testing import CliRunner
+
+    from arachne.cli.app import app
+
+    res = CliRunner().invoke(app, ["train-ranker", "--install", "--add", "--clusters", "2"])
+    assert res.exit_code == 2 and "--install/--add" in res.output and "Traceback" not in res.output

@@ -1,7 +1,7 @@
 """The learned screening order: a small MLP that ranks whole templates (the policy's proposals and
 the mixed-pipeline rules together) before any is priced, so the few that a large cluster leaves time
 to screen are the most promising ones. Several trained rankers (different seeds and rule pools) are
-averaged: one alone reorders single cases by 10-15% when it is retrained (see :class:`RankerEnsemble`).
+averaged: one alone reorders single cases by up to 16% when it is retrained (see :class:`RankerEnsemble`).
 
 It reads the planning problem (the policy's global features) and, per template, the pieces of a
 cheap pipeline model -- stage speed from the same per-layer times completion uses, 1F1B bubble,
@@ -12,8 +12,10 @@ cost model's screened throughput (``arachne train-ranker``). Inference is plain 
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -158,9 +160,30 @@ def rank_states(ctx: PlanningContext, ranker: Policy | RankerEnsemble, states: l
     return [states[i] for i in order]
 
 
-def member_file(n: int) -> str:
-    """The weights file of ensemble member ``n`` (1-based); reports and curves take the same stem."""
-    return RANKER_FILE if n == 1 else f"ranker_{n}.npz"
+def member_file(n: int, name: str = RANKER_FILE) -> str:
+    """The file of ensemble member ``n`` (1-based): ``ranker.npz``, ``ranker_2.npz``, ...; with ``name``
+    its report or curve (``ranker_report.json`` -> ``ranker_2_report.json``)."""
+    return name if n == 1 else name.replace("ranker", f"ranker_{n}", 1)
+
+
+RANKER_OUTPUTS = ("ranker.npz", "ranker_report.json", "ranker_curve.png")
+
+
+def install_ranker(out: Path, target: Path, add: bool) -> int:
+    """Copy a training run's ranker (weights, report, curve) from ``out`` into the weights folder
+    ``target``: as the only member (the others are removed), or with ``add`` as the next member.
+    Returns its member number."""
+    n = 1
+    while (target / member_file(n)).is_file():
+        n += 1
+    if not add:
+        for k in range(2, n):
+            for f in RANKER_OUTPUTS:
+                (target / member_file(k, f)).unlink(missing_ok=True)
+        n = 1
+    for f in RANKER_OUTPUTS:
+        shutil.copy(out / f, target / member_file(n, f))
+    return n
 
 
 @lru_cache(maxsize=1)

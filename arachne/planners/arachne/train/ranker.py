@@ -15,7 +15,7 @@ import numpy as np
 from arachne.cost import CostModel
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy, shipped_sha256
-from arachne.planners.arachne.ranker import template_matrix
+from arachne.planners.arachne.ranker import RANKER_OUTPUTS, template_matrix
 from arachne.planners.arachne.search import Pricer, policy_search, rule_pool
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
 from arachne.planners.arachne.train.pipeline import map_tasks, write_outputs
@@ -23,8 +23,6 @@ from arachne.planners.arachne.train.problems import Problem, ProblemConfig, rand
 from arachne.planners.arachne.train.teacher import Record
 from arachne.planners.completion import PlanningContext
 
-
-RANKER_OUTPUTS = ("ranker.npz", "ranker_report.json", "ranker_curve.png")
 
 
 @dataclass
