@@ -42,7 +42,7 @@ from itertools import zip_longest
 from arachne.planners.arachne.actions import mix_replica_options
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import RankerEnsemble, shipped_ranker, template_matrix
+from arachne.planners.arachne.ranker import RankerEnsemble, ranked_pool, shipped_ranker, template_matrix
 from arachne.planners.arachne.search import (
     Pricer,
     _mix_proxy,
@@ -115,12 +115,7 @@ def main() -> None:
         core, rest = rule_pool(ctx, pricer)
         mixed = mixed_floor_states(ctx)
         proposed = policy_search(ctx, shipped_policy(), 24, feats)
-        pool, rule, seen = [], [], set()
-        for st, r in [(s_, False) for s_ in proposed] + [(s_, True) for s_ in rest]:
-            if not st.is_empty() and st.template() not in seen:
-                seen.add(st.template())
-                pool.append(st)
-                rule.append(r)
+        pool, rule = ranked_pool(proposed, rest)
         value = {st.template(): pricer.screen_state(st) for st in pool}
         best = max(value.values(), default=0.0)
         if best <= 0:

@@ -10,7 +10,7 @@ from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import RankerEnsemble, rank_states, shipped_ranker
+from arachne.planners.arachne.ranker import RankerEnsemble, rank_states, ranked_pool, shipped_ranker
 from arachne.planners.arachne.search import (
     Pricer,
     policy_search,
@@ -129,8 +129,7 @@ class ArachnePlanner:
             # rules interleaved), then the most promising are priced in full
             ranker = (self.ranker or shipped_ranker()) if self.use_ranker and mode == "policy" else None
             if ranker is not None:
-                pool = _unique([(st, False) for st in proposed] + [(st, True) for st in mixed])
-                rest = rank_states(ctx, ranker, [st for st, _ in pool], [r for _, r in pool], feats)
+                rest = rank_states(ctx, ranker, *ranked_pool(proposed, mixed), feats)
                 stats.notes["ranked"] = len(rest)
                 if self.rank_k:
                     core, rest = [], rest[: self.rank_k]
@@ -240,17 +239,6 @@ def _next_starts(pricer: Pricer, skip: set, k: int) -> list[State]:
             out.append(st)
             if len(out) == k:
                 break
-    return out
-
-
-def _unique(tagged: list[tuple[State, bool]]) -> list[tuple[State, bool]]:
-    """The first of each template (a policy proposal and a rule can build the same one)."""
-    seen, out = set(), []
-    for st, tag in tagged:
-        tpl = st.template()
-        if not st.is_empty() and tpl not in seen:
-            seen.add(tpl)
-            out.append((st, tag))
     return out
 
 

@@ -126,6 +126,19 @@ def template_matrix(ctx: PlanningContext, states: list[State], from_rule: list[b
     return x.reshape(len(states), TEMPLATE_DIM)
 
 
+def ranked_pool(proposed: list[State], rules: list[State]) -> tuple[list[State], list[bool]]:
+    """The pool the ranker orders: the policy's proposals, then the rule templates, each template once
+    (a proposal and a rule can build the same one); with a flag per template saying it came from the rules."""
+    pool, from_rule, seen = [], [], set()
+    for st, rule in [(s, False) for s in proposed] + [(s, True) for s in rules]:
+        tpl = st.template()
+        if not st.is_empty() and tpl not in seen:
+            seen.add(tpl)
+            pool.append(st)
+            from_rule.append(rule)
+    return pool, from_rule
+
+
 @dataclass
 class RankerEnsemble:
     """Rankers averaged: each member's scores standardised over the pool, then summed. A member alone

@@ -15,7 +15,7 @@ import numpy as np
 from arachne.cost import CostModel
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy, shipped_policy, shipped_sha256
-from arachne.planners.arachne.ranker import RANKER_OUTPUTS, template_matrix
+from arachne.planners.arachne.ranker import RANKER_OUTPUTS, ranked_pool, template_matrix
 from arachne.planners.arachne.search import Pricer, policy_search, rule_pool
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
 from arachne.planners.arachne.train.pipeline import map_tasks, write_outputs
@@ -39,19 +39,10 @@ class RankerConfig:
 
 
 def planner_pool(ctx: PlanningContext, policy: Policy | None, k: int, feats: FeatureBuilder):
-    """The templates the planner orders before screening: the policy's proposals, then the rule pool
-    (:func:`rule_pool`, as the shipped planner builds it), without repeats; with a flag per template
-    saying it came from the rules."""
+    """The templates the planner orders before screening (:func:`ranked_pool` of the policy's proposals
+    and the rule pool, as the shipped planner builds them), with their from-the-rules flags."""
     proposed = policy_search(ctx, policy, k, feats) if policy is not None else []
-    _, rules = rule_pool(ctx, Pricer(ctx))
-    pool, from_rule, seen = [], [], set()
-    for st, rule in [(s, False) for s in proposed] + [(s, True) for s in rules]:
-        tpl = st.template()
-        if not st.is_empty() and tpl not in seen:
-            seen.add(tpl)
-            pool.append(st)
-            from_rule.append(rule)
-    return pool, from_rule
+    return ranked_pool(proposed, rule_pool(ctx, Pricer(ctx))[1])
 
 
 def rank_record(args: tuple[Problem, int]) -> Record | None:
