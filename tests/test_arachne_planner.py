@@ -661,3 +661,28 @@ def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage()
     assert mbs_candidates(plain, job, True) == [1, 2, 4, 8, 16, 32]
     assert mbs_candidates(wide, job, True) == [8, 16, 32, 64, 128]
     assert mbs_candidates(wide, Job(global_batch_size=96, sequence_length=1024), True) == [8, 16, 32]
+
+
+def test_wide_rules_leave_out_the_classes_whose_nodes_are_too_narrow():
+    """A small batch wants deep tp-8 stages: the rule over only the 8-GPU-node classes (V100 and T4 here,
+    without the faster A100s in 4-GPU nodes) exists, and no fastest-j rule builds it."""
+    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state
+
+    cl = cluster_from_dict({"name": "w", "nodes": [
+        {"name": "a{i}", "count": 2, "gpu": "A100-80", "gpus_per_node": 4},
+        {"name": "v{i}", "count": 3, "gpu": "V100-32", "gpus_per_node": 8},
+        {"name": "t{i}", "count": 2, "gpu": "T4", "gpus_per_node": 8}]})
+    ctx = ctx_for("LLaMA-2-7B", gbs=32, cluster=cl)
+    assert [c.node_size for c in ctx.classes] == [4, 8, 8]
+
+    def wide_tp8(st):
+        if len(st.actions) != 3:
+            return False
+        a, v, t = st.actions
+        return a.kind == "skip" and (v.kind, v.tp, t.kind, t.tp) == ("mix", 8, "mix", 8)
+
+    st = mixed_rule_state(ctx, 1, 8, wide=True)
+    assert st is not None and wide_tp8(st) and st.mixed_stages() == 5
+    assert any(wide_tp8(s) for s in mixed_floor_states(ctx))
+    assert not any(wide_tp8(s) for j in (2, 3) for tp in (1, 2, 4, 8) for g in (False, True)
+                   if (s := mixed_rule_state(ctx, 1, tp, j, g)) is not None)

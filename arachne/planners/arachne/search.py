@@ -364,7 +364,8 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     """Mixed pipelines by rule: ``R`` replicas over the fastest ``j`` classes, each class contributing
     stages in proportion to its GPUs, at one tp level (``uniform``) or with tp doubling per slower GPU
     type (``graded``: a slower type holds fewer, wider stages); also at the replica counts a GPU type
-    split across node sizes fills (:func:`type_fills`). Two orders are interleaved: a cheap
+    split across node sizes fills (:func:`type_fills`), and at each tp level over only the classes whose
+    nodes are that wide (``wide``). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
     (shorter pipelines; fewer replicas matter when memory is tight)."""
     classes, model = ctx.classes, ctx.model
@@ -382,6 +383,12 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                         st = mixed_rule_state(ctx, R, tp, j, graded, experts)
                         if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
                             every.setdefault(st.template(), st)
+    for tp in levels:  # only the classes whose nodes are wide enough, where that leaves some out
+        if 2 <= sum(tp_options(model, c.node_size)[-1] >= tp for c in classes) < n:
+            for R in replicas:
+                st = mixed_rule_state(ctx, R, tp, wide=True)
+                if st is not None and may_fit(ctx, st, 0):
+                    every.setdefault(st.template(), st)
     ranked = sorted(every.values(), key=lambda st: -_mix_proxy(ctx, st))
     out: dict[Template, State] = {}
     for pair in zip_longest(ranked, plain):
@@ -422,17 +429,23 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
 
 
 def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None,
-                     graded: bool = False, experts: bool = False) -> State | None:
+                     graded: bool = False, experts: bool = False, wide: bool = False) -> State | None:
     """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
     stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
     it), as many as its GPUs allow per replica (pooled with its kin when too few for one), scaled down
     to the layer count. ``experts`` (MoE): each
-    stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep)."""
+    stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep).
+    ``wide``: only the classes whose nodes hold a stage of tp ``tp`` (a small batch on deep, wide
+    stages: 21 A10 nodes and 3 V100 nodes at tp 8, without the 4-GPU nodes between them)."""
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
     acts = []
     prefix = State(R)
     for c in classes:
+        if wide and tp_options(ctx.model, c.node_size)[-1] < tp:
+            acts.append((1, 1, 1, 0, False))
+            prefix = prefix.push(Action("skip"))
+            continue
         if c.gpu.name not in types:
             types.append(c.gpu.name)
         want = tp * (2 ** types.index(c.gpu.name) if graded else 1)
