@@ -686,3 +686,28 @@ def test_wide_rules_leave_out_the_classes_whose_nodes_are_too_narrow():
     assert any(wide_tp8(s) for s in mixed_floor_states(ctx))
     assert not any(wide_tp8(s) for j in (2, 3) for tp in (1, 2, 4, 8) for g in (False, True)
                    if (s := mixed_rule_state(ctx, 1, tp, j, g)) is not None)
+
+
+def test_tail_stages_hang_a_slow_node_off_a_fast_pipeline():
+    """Refinement from a homogeneous pipeline of 8 one-GPU H800 stages can add a whole V100 node as one
+    more stage (tp x dp inside the node): no dense rule builds a mixed slot with stage-level dp, and on
+    this job the tail stage beats the H800 pipeline alone (Metis's plan on seed14/rob-022)."""
+    from arachne.planners.arachne.search import Pricer, refine, tail_stages
+    from arachne.planners.base import Deadline
+
+    cl = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "h", "gpu": "H800", "inter_node_gbps": 100, "intra_node_gbps": 32},
+        {"name": "v", "gpu": "V100-16", "inter_node_gbps": 12.5},
+        {"name": "a{i}", "count": 2, "gpu": "A10", "gpus_per_node": 1}]})
+    ctx = ctx_for("OPT-350", gbs=64, seq=512, cluster=cl)
+    assert [c.gpu.name for c in ctx.classes] == ["H800-SXM5-80GB", "A10", "V100-SXM2-16GB"]
+    own = State(0, (Action("own", 1, 1, 1, 8, 1), Action("skip"), Action("skip")))
+    tails = tail_stages(ctx, own)
+    assert [(a.kind, a.tp, a.dp, a.stages, a.replicas) for a in tails[-1].actions] == [
+        ("mix", 1, 1, 8, 1), ("skip", 1, 1, 0, 0), ("mix", 2, 4, 1, 1)]
+    assert len(tails) == 2 and all(t.mix_replicas == 1 for t in tails)
+    assert tail_stages(ctx, tails[-1]) == []  # only from states without a mixed group
+    pricer = Pricer(ctx)
+    end = refine(ctx, pricer, own, Deadline(60))
+    assert end.mix_replicas == 1 and end.actions[2].kind == "mix" and end.actions[2].dp > 1
+    assert pricer.throughput(end.template()) > 1.02 * pricer.throughput(own.template())

@@ -477,16 +477,26 @@ def _thin(acts: list[Action], n: int) -> list[Action]:
     return [acts[i] for i in sorted(set(idx))]
 
 
+TAIL_SHARE = 0.2  # of refinement's time, for screening tail stages on the start (large pools cost the most)
+
+
 def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
     """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
     (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
     (:func:`balanced_stage_moves`), then one class's action at a time (its grid neighbours, then the off-grid
-    stage counts next to it: :func:`adjacent_stages`, and tp/dp regroupings off the grid); last, the mixed
-    group at the replica counts that a split GPU type fills."""
+    stage counts next to it: :func:`adjacent_stages`, and tp/dp regroupings off the grid); then the mixed
+    group at the replica counts that a split GPU type fills; last, at a local optimum only, a slow
+    node hung off a homogeneous pipeline (:func:`tail_stages`, also screened on the start)."""
     classes, model = ctx.classes, ctx.model
     pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
     start = State(start.mix_replicas, start.actions + pad)
     best, best_v = start, pricer.throughput(start.template())
+    share = deadline.child(TAIL_SHARE * deadline.remaining)
+    for cand in tail_stages(ctx, start):  # cheap candidates, not walked from: see below
+        if share.expired():
+            break
+        if pricer.screen_state(cand) > best_v:
+            pricer.price_state(cand)
     for _ in range(rounds):
         improved = False
         for cand in replica_moves(ctx, best) + balanced_stage_moves(ctx, best):
@@ -516,9 +526,42 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
             v = pricer.price_state(cand)
             if v > best_v * (1 + 1e-9):
                 best, best_v, improved = cand, v, True
+        # at a local optimum only: taken early, a tail stage can block the moves that matter more
+        for cand in [] if improved else tail_stages(ctx, best):
+            if deadline.expired():
+                return best
+            v = pricer.price_state(cand)
+            if v > best_v * (1 + 1e-9):
+                best, best_v, improved = cand, v, True
         if not improved:
             break
     return best
+
+
+def tail_stages(ctx: PlanningContext, st: State) -> list[State]:
+    """With no mixed group yet, each homogeneous group turned into the mixed group with one more stage: a
+    whole node of an unused class, one per replica, its GPUs split between tp and dp (tp near the square
+    root; refinement regroups it later). A slow node can take a layer or the head off a fast pipeline (8
+    one-GPU H800 stages, then one V100 node at tp 2 x dp 4)."""
+    if st.mix_replicas:
+        return []
+    model = ctx.model
+    out = []
+    for o, a in enumerate(st.actions):
+        if a.kind != "own" or a.stages >= model.num_layers:
+            continue
+        for ci, c in enumerate(ctx.classes):
+            g = min(c.node_size, c.count)
+            if ci == o or (ci < len(st.actions) and st.actions[ci].kind != "skip") or a.replicas * g > c.count:
+                continue
+            splits = [(tp, dp, ep) for tp, dp, ep in slot_options(model, c) if tp * dp == g]
+            if not splits:
+                continue
+            tp, dp, ep = min(splits, key=lambda x: (abs(x[0] * x[0] - g), -x[0], -x[2]))
+            acts = list(st.actions) + [Action("skip")] * (len(ctx.classes) - len(st.actions))
+            acts[o], acts[ci] = replace(a, kind="mix"), Action("mix", tp, dp, ep, 1, a.replicas)
+            out.append(State(a.replicas, tuple(acts)))
+    return out
 
 
 def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[State]:
