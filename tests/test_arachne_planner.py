@@ -711,3 +711,61 @@ def test_tail_stages_hang_a_slow_node_off_a_fast_pipeline():
     end = refine(ctx, pricer, own, Deadline(60))
     assert end.mix_replicas == 1 and end.actions[2].kind == "mix" and end.actions[2].dp > 1
     assert pricer.throughput(end.template()) > 1.02 * pricer.throughput(own.template())
+
+
+def test_mixed_rules_also_leave_out_classes_on_a_much_slower_network():
+    """GH200 nodes of 4 on 3 Gb/s come first in speed order, so every fastest-j rule mixes them in; the
+    rule without them mixes the GH200 nodes of 2 (92 Gb/s) with the L40S nodes (seed17/rob-009)."""
+    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state, slow_network_classes
+
+    cl = cluster_from_dict({"name": "n", "nodes": [
+        {"name": "g4-{i}", "count": 4, "gpu": "GH200", "gpus_per_node": 4, "inter_node_gbps": 3.125},
+        {"name": "g2-{i}", "count": 8, "gpu": "GH200", "gpus_per_node": 2, "inter_node_gbps": 92.5},
+        {"name": "l-{i}", "count": 16, "gpu": "L40S", "gpus_per_node": 2, "inter_node_gbps": 25}]})
+    ctx = ctx_for("LLaMA-2-7B", gbs=256, cluster=cl)
+    assert [(c.gpu.name, c.node_size) for c in ctx.classes] == [("GH200-96GB", 4), ("GH200-96GB", 2), ("L40S", 2)]
+    assert slow_network_classes(ctx.classes) == {0}
+
+    def without_slow(st):
+        return len(st.actions) == 3 and st.actions[0].kind == "skip" and all(
+            a.kind == "mix" for a in st.actions[1:])
+
+    assert any(without_slow(s) for s in mixed_floor_states(ctx))
+    assert not any(without_slow(s) for R in (1, 2, 4, 8, 16) for tp in (1, 2) for j in (2, 3) for g in (False, True)
+                   if (s := mixed_rule_state(ctx, R, tp, j, g)) is not None)
+
+
+def test_offgrid_regroupings_keep_the_nearest_expert_parallelism():
+    """A tp 2 x dp 4 x ep 4 MoE stage off the stage-count grid can become tp 4 x dp 2, whose dp allows
+    ep 2 at most (Megatron's 14 stages of tp 4 x dp 2 on seed16/rob-012)."""
+    from arachne.planners.arachne.search import offgrid_regroupings
+    from arachne.planners.arachne.actions import class_actions
+
+    cl = cluster_from_dict({"name": "m", "nodes": [{"name": "m{i}", "count": 15, "gpu": "MI300X"}]})
+    ctx = ctx_for("Mixtral-8x22B", gbs=512, seq=4096, cluster=cl)
+    cur = Action("own", 2, 4, 4, 14, 1)
+    options = class_actions(State(0), ctx.model, ctx.classes[0])
+    moves = offgrid_regroupings(cur, options, ctx.model, ctx.classes[0])
+    assert Action("own", 4, 2, 2, 14, 1) in moves and all(a.tp * a.dp == 8 and a.ep <= a.dp for a in moves)
+
+
+def test_refinement_regroups_a_wide_tp_group_before_trying_unused_classes():
+    """With time for a few prices only, refinement still turns 10 replicas of one tp-8 stage into tp 4 x dp 2
+    (Megatron's plan on seed16/rob-008): the unused L40S and A100-80 classes ahead of it in speed order have
+    dozens of options each."""
+    from arachne.planners.arachne.search import Pricer, refine
+    from arachne.planners.base import Deadline
+
+    cl = cluster_from_dict({"name": "r", "nodes": [
+        {"name": "l{i}", "count": 24, "gpu": "L40S", "gpus_per_node": 1, "inter_node_gbps": 50},
+        {"name": "a{i}", "count": 12, "gpu": "A100-80", "gpus_per_node": 1},
+        {"name": "b{i}", "count": 10, "gpu": "A100-40"}]})
+    ctx = ctx_for("LLaMA-3-8B", gbs=16, seq=4096, cluster=cl)
+    assert [c.gpu.name for c in ctx.classes] == ["L40S", "A100-SXM4-80GB", "A100-SXM4-40GB"]
+    start = State(0, (Action("skip"), Action("skip"), Action("own", 8, 1, 1, 1, 10)))
+    pricer = Pricer(ctx)
+    v0 = pricer.throughput(start.template())
+    end = refine(ctx, pricer, start, Deadline(4, clock=lambda: len(pricer.cache)))
+    assert len(pricer.cache) <= 6
+    assert end.actions[2].tp == 4 and end.actions[2].dp == 2
+    assert pricer.throughput(end.template()) > 1.05 * v0

@@ -365,7 +365,8 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     stages in proportion to its GPUs, at one tp level (``uniform``) or with tp doubling per slower GPU
     type (``graded``: a slower type holds fewer, wider stages); also at the replica counts a GPU type
     split across node sizes fills (:func:`type_fills`), and at each tp level over only the classes whose
-    nodes are that wide (``wide``). Two orders are interleaved: a cheap
+    nodes are that wide (``wide``), and without the classes on a much slower network
+    (:func:`slow_network_classes`). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
     (shorter pipelines; fewer replicas matter when memory is tight)."""
     classes, model = ctx.classes, ctx.model
@@ -389,6 +390,14 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                 st = mixed_rule_state(ctx, R, tp, wide=True)
                 if st is not None and may_fit(ctx, st, 0):
                     every.setdefault(st.template(), st)
+    slow = slow_network_classes(classes)
+    if slow and n - len(slow) >= 2:  # without the leading classes whose network would hold every replica back
+        fast = {st.template(): st for j in range(n, 1, -1) for R in replicas for tp in levels
+                for graded in (False, True)
+                if (st := mixed_rule_state(ctx, R, tp, j, graded=graded, leave_out=slow)) is not None
+                and st.template() not in every and may_fit(ctx, st, 0)}
+        for st in sorted(fast.values(), key=lambda st: -_mix_proxy(ctx, st))[:SLOW_NETWORK_RULES]:
+            every[st.template()] = st
     ranked = sorted(every.values(), key=lambda st: -_mix_proxy(ctx, st))
     out: dict[Template, State] = {}
     for pair in zip_longest(ranked, plain):
@@ -396,6 +405,19 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
             if st is not None:
                 out.setdefault(st.template(), st)
     return list(out.values())
+
+
+SLOW_NETWORK = 8.0  # a class whose inter-node network is this many times slower than the fastest's
+SLOW_NETWORK_RULES = 4  # rules without those classes kept, by the proxy (each one ranked costs time)
+
+
+def slow_network_classes(classes: list[DeviceClass]) -> frozenset[int]:
+    """The classes ahead of the first one on a fast network (within ``SLOW_NETWORK`` times the best class's):
+    in a mixed pipeline their stage-to-stage sends and gradient sync hold every replica back, and every
+    fastest-``j`` rule takes them (GH200 nodes of 4 on 3 Gb/s before GH200 nodes of 2 on 92 Gb/s)."""
+    best = max((c.inter_node_bw for c in classes), default=0.0)
+    fast = [c.index for c in classes if c.inter_node_bw * SLOW_NETWORK >= best]
+    return frozenset(c.index for c in classes if c.index < fast[0]) if fast else frozenset()
 
 
 def _mix_proxy(ctx: PlanningContext, st: State) -> float:
@@ -429,20 +451,22 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
 
 
 def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None,
-                     graded: bool = False, experts: bool = False, wide: bool = False) -> State | None:
+                     graded: bool = False, experts: bool = False, wide: bool = False,
+                     leave_out: frozenset[int] = frozenset()) -> State | None:
     """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
     stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
     it), as many as its GPUs allow per replica (pooled with its kin when too few for one), scaled down
     to the layer count. ``experts`` (MoE): each
     stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep).
     ``wide``: only the classes whose nodes hold a stage of tp ``tp`` (a small batch on deep, wide
-    stages: 21 A10 nodes and 3 V100 nodes at tp 8, without the 4-GPU nodes between them)."""
+    stages: 21 A10 nodes and 3 V100 nodes at tp 8, without the 4-GPU nodes between them). Classes in
+    ``leave_out`` stay out."""
     classes = ctx.classes[: j or len(ctx.classes)]
     types: list[str] = []
     acts = []
     prefix = State(R)
     for c in classes:
-        if wide and tp_options(ctx.model, c.node_size)[-1] < tp:
+        if c.index in leave_out or (wide and tp_options(ctx.model, c.node_size)[-1] < tp):
             acts.append((1, 1, 1, 0, False))
             prefix = prefix.push(Action("skip"))
             continue
@@ -483,8 +507,9 @@ TAIL_SHARE = 0.2  # of refinement's time, for screening tail stages on the start
 def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
     """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
     (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
-    (:func:`balanced_stage_moves`), then one class's action at a time (its grid neighbours, then the off-grid
-    stage counts next to it: :func:`adjacent_stages`, and tp/dp regroupings off the grid); then the mixed
+    (:func:`balanced_stage_moves`), then each used class's tp/dp regroupings, then one class's action at a
+    time (:func:`class_moves`: its grid neighbours, tp/dp regroupings off the grid, and the off-grid stage
+    counts next to it: :func:`adjacent_stages`); then the mixed
     group at the replica counts that a split GPU type fills; last, at a local optimum only, a slow
     node hung off a homogeneous pipeline (:func:`tail_stages`, also screened on the start)."""
     classes, model = ctx.classes, ctx.model
@@ -492,12 +517,7 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
     start = State(start.mix_replicas, start.actions + pad)
     best, best_v = start, pricer.throughput(start.template())
     share = deadline.child(TAIL_SHARE * deadline.remaining)
-    for cand in tail_stages(ctx, start):  # cheap candidates, not walked from: see below
-        if share.expired():
-            break
-        if pricer.screen_state(cand) > best_v:
-            pricer.price_state(cand)
-    for _ in range(rounds):
+    for r in range(rounds):
         improved = False
         for cand in replica_moves(ctx, best) + balanced_stage_moves(ctx, best):
             if deadline.expired():
@@ -505,15 +525,22 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
             v = pricer.price_state(cand)
             if v > best_v * (1 + 1e-9):
                 best, best_v, improved = cand, v, True
-        for ci in range(len(classes)):
+        for cand in tail_stages(ctx, start) if r == 0 else []:  # cheap candidates, not walked from: see below
+            if share.expired():
+                break
+            if pricer.screen_state(cand) > best_v:
+                pricer.price_state(cand)
+        # first, each wide tp group at half the tp and twice the dp (one price per class, where a large
+        # cluster's unused classes have many options each and can use up the time before them)
+        used = [ci for ci, a in enumerate(best.actions) if a.kind != "skip" and a.tp >= 4]
+        for ci, halve_tp in [(ci, True) for ci in used] + [(ci, False) for ci in range(len(classes))]:
             if deadline.expired():
                 return best
-            prefix = State(best.mix_replicas, best.actions[:ci])
             cur = best.actions[ci]
-            options = class_actions(prefix, model, classes[ci])
-            options += [v for a in options for v in replica_variants(a, classes[ci])]
-            moves = _neighbours(cur, options) + offgrid_regroupings(cur, options, model, classes[ci])
-            for a in moves + adjacent_stages(cur, options, prefix, classes[ci], model.num_layers):
+            for a in class_moves(ctx, best, ci):
+                if halve_tp and not (a.kind == cur.kind and a.stages == cur.stages and 2 * a.tp == cur.tp
+                                     and a.dp == 2 * cur.dp and a.ep == cur.ep):
+                    continue
                 if deadline.expired():
                     return best
                 cand = State(best.mix_replicas, best.actions[:ci] + (a,) + best.actions[ci + 1:])
@@ -536,6 +563,17 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
         if not improved:
             break
     return best
+
+
+def class_moves(ctx: PlanningContext, st: State, ci: int) -> list[Action]:
+    """Refinement's moves for class ``ci`` of ``st``: its grid neighbours (fewer replicas of a homogeneous
+    pipeline included), tp/dp regroupings off the grid, and one stage more or fewer off the grid."""
+    c = ctx.classes[ci]
+    prefix, cur = State(st.mix_replicas, st.actions[:ci]), st.actions[ci]
+    options = class_actions(prefix, ctx.model, c)
+    options += [v for a in options for v in replica_variants(a, c)]
+    return (_neighbours(cur, options) + offgrid_regroupings(cur, options, ctx.model, c)
+            + adjacent_stages(cur, options, prefix, c, ctx.model.num_layers))
 
 
 def tail_stages(ctx: PlanningContext, st: State) -> list[State]:
@@ -667,8 +705,11 @@ def offgrid_regroupings(cur: Action, options: list[Action], model: ModelSpec, c:
     if cur.kind not in ("own", "mix") or any(a.kind == cur.kind and a.stages == cur.stages for a in options):
         return []
     g = cur.tp * cur.dp
-    return [replace(cur, tp=tp, dp=dp) for tp, dp, ep in slot_options(model, c)
-            if tp * dp == g and tp != cur.tp and ep == cur.ep]
+    splits: dict[tuple[int, int], int] = {}  # each other split, at the ep nearest ``cur``'s (dp bounds ep)
+    for tp, dp, ep in slot_options(model, c):
+        if tp * dp == g and tp != cur.tp and abs(ep - cur.ep) < abs(splits.get((tp, dp), 1 << 30) - cur.ep):
+            splits[tp, dp] = ep
+    return [replace(cur, tp=tp, dp=dp, ep=ep) for (tp, dp), ep in splits.items()]
 
 
 def _neighbours(cur: Action, options: list[Action]) -> list[Action]:
