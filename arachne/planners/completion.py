@@ -77,6 +77,7 @@ class PlanningContext:
     balance_sends: bool = True  # a second layer split that also balances blocking sends (slow links)
     best_tok_s: float = 0.0  # the fastest fitting plan priced so far
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
+    _stages: dict[tuple, Stage] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
         """Remember the priced plan that came closest to fitting (for the no-plan message)."""
@@ -96,9 +97,15 @@ class PlanningContext:
 
     def stage(self, layers: tuple[int, int], devices: tuple[str, ...], tp: int, dp: int, ep: int,
               recompute: bool) -> Stage:
-        """A plan stage built from validated parts by completion: pydantic's validation is skipped."""
-        return Stage.model_construct(layers=layers, devices=devices, tp=tp, dp=dp if dp > 1 else None, ep=ep,
-                                     recompute=recompute, allow_cross_node_tp=False)
+        """A plan stage built from validated parts by completion: pydantic's validation is skipped, and equal
+        stages (a template's candidates at other micro-batch sizes share them) are built once."""
+        key = (layers, devices, tp, dp, ep, recompute)
+        hit = self._stages.get(key)
+        if hit is None:
+            hit = self._stages[key] = Stage.model_construct(
+                layers=layers, devices=devices, tp=tp, dp=dp if dp > 1 else None, ep=ep, recompute=recompute,
+                allow_cross_node_tp=False)
+        return hit
 
     # ---- slot primitives ------------------------------------------------------------------------
     def slot_profile(self, cls: int, tp: int, dp: int, ep: int, mbs: int, num_stages: int,
