@@ -769,3 +769,14 @@ def test_refinement_regroups_a_wide_tp_group_before_trying_unused_classes():
     assert len(pricer.cache) <= 6
     assert end.actions[2].tp == 4 and end.actions[2].dp == 2
     assert pricer.throughput(end.template()) > 1.05 * v0
+
+
+def test_completion_builds_equal_stages_once_and_they_validate():
+    """Candidates at other micro-batch sizes share their stages; a shared stage equals a validated one."""
+    from arachne.plan import Stage
+
+    ctx = ctx_for()
+    a = ctx.stage((0, 4), ("n0/0", "n0/1"), 2, 1, 1, False)
+    assert ctx.stage((0, 4), ("n0/0", "n0/1"), 2, 1, 1, False) is a
+    assert ctx.stage((0, 4), ("n0/0", "n0/1"), 2, 1, 1, True) is not a
+    assert a == Stage(layers=(0, 4), devices=("n0/0", "n0/1"), tp=2, ep=1)
