@@ -18,7 +18,7 @@ run() {  # name, command...
 
 stream_a() {
   run quality $PY benchmarks/arachne_eval.py quality --rerun-arachne
-  for s in 0 1 2 3 4 5 6 7 8 9 10 11 12 14 15 16 17 18 19; do
+  for s in 0 1 2 3 4 5 6 7 8 9 10 11 12 14 15 16 17 18 19 20 21; do
     if [ "$s" = 0 ]; then old=results/robustness; else old=results/robustness/seed$s; fi
     run robustness$s $PY benchmarks/robustness.py --seed $s --planners arachne --reuse $old/runs.json \
       --out results/robustness-r3/seed$s
@@ -31,6 +31,7 @@ stream_a() {
   run robustness_summary1415 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{14,15}/runs.json
   run robustness_summary1617 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{16,17}/runs.json
   run robustness_summary1819 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{18,19}/runs.json
+  run robustness_summary2021 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{20,21}/runs.json
   run target_sweep $PY benchmarks/target_sweep.py
   run replan_spot $PY benchmarks/replan_trace.py --trace spot
   run replan_grow $PY benchmarks/replan_trace.py --trace grow
