@@ -507,12 +507,12 @@ TAIL_SHARE = 0.2  # of refinement's time, for screening tail stages on the start
 def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
     """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
     (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
-    (:func:`balanced_stage_moves`), then each used class's tp/dp regroupings, then one class's action at a
-    time (:func:`class_moves`: its grid neighbours, tp/dp regroupings off the grid, and the off-grid stage
-    counts next to it: :func:`adjacent_stages`); then the mixed
-    group at the replica counts that a split GPU type fills; last, at a local optimum only, a slow
-    node hung off a homogeneous pipeline (:func:`tail_stages`, also screened on the start)."""
-    classes, model = ctx.classes, ctx.model
+    (:func:`balanced_stage_moves`), then each used class at tp >= 4 with half the tp and twice the dp, then
+    one class's action at a time (:func:`class_moves`: its grid neighbours, tp/dp regroupings off the grid,
+    and the off-grid stage counts next to it: :func:`adjacent_stages`); then the mixed group at the replica
+    counts that a split GPU type fills; last, at a local optimum only, a slow node hung off a homogeneous
+    pipeline (:func:`tail_stages`, also screened on the start)."""
+    classes = ctx.classes
     pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
     start = State(start.mix_replicas, start.actions + pad)
     best, best_v = start, pricer.throughput(start.template())
