@@ -780,3 +780,29 @@ def test_completion_builds_equal_stages_once_and_they_validate():
     assert ctx.stage((0, 4), ("n0/0", "n0/1"), 2, 1, 1, False) is a
     assert ctx.stage((0, 4), ("n0/0", "n0/1"), 2, 1, 1, True) is not a
     assert a == Stage(layers=(0, 4), devices=("n0/0", "n0/1"), tp=2, ep=1)
+
+
+def test_deep_tail_when_too_few_slow_nodes_for_every_replica():
+    """With two V100 nodes for four GH200 pipelines, every GH200 becomes one stage of a single pipeline
+    and one V100 node (tp 8) its first stage: a small batch gains a stage and drops the gradient sync
+    (Metis's plan at 60 s on seed10/rob-009). Its screen is loose, so it is priced from within 5%."""
+    from arachne.planners.arachne.search import Pricer, refine, tail_stages
+    from arachne.planners.base import Deadline
+
+    cl = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "v{i}", "count": 2, "gpu": "V100-16", "gpus_per_node": 8, "inter_node_gbps": 12.5, "zone": "r0"},
+        {"name": "a{i}", "count": 2, "gpu": "A10", "gpus_per_node": 4},
+        {"name": "b", "gpu": "A10", "gpus_per_node": 8, "zone": "r1"},
+        {"name": "g{i}", "count": 2, "gpu": "GH200", "gpus_per_node": 8, "zone": "r2"}]})
+    ctx = ctx_for("LLAMA-3-8", gbs=16, seq=512, cluster=cl)
+    assert [c.gpu.name for c in ctx.classes] == ["GH200-96GB", "A10", "A10", "V100-SXM2-16GB"]
+    skip = Action("skip")
+    own = State(0, (Action("own", 2, 1, 1, 2, 4), skip, skip, skip))
+    assert tail_stages(ctx, own) == []  # no class has a node for each of the 4 replicas
+    deep = tail_stages(ctx, own, deep=True)
+    want = State(1, (Action("mix", 1, 1, 1, 16, 1), skip, skip, Action("mix", 8, 1, 1, 1, 1)))
+    assert want in deep and all(t.mix_replicas == 1 for t in deep)
+    pricer = Pricer(ctx)
+    start = pricer.price_state(own)
+    refine(ctx, pricer, own, Deadline(60))
+    assert pricer.best()[2].tokens_per_s > 1.05 * start

@@ -502,6 +502,8 @@ def _thin(acts: list[Action], n: int) -> list[Action]:
 
 
 TAIL_SHARE = 0.2  # of refinement's time, for screening tail stages on the start (large pools cost the most)
+TAIL_SLACK = 0.95  # a deep tail screened within this share of the best is priced (screens try fastest-first
+# only, where a slow node does best at the head)
 
 
 def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
@@ -525,11 +527,12 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
             v = pricer.price_state(cand)
             if v > best_v * (1 + 1e-9):
                 best, best_v, improved = cand, v, True
-        for cand in tail_stages(ctx, start) if r == 0 else []:  # cheap candidates, not walked from: see below
-            if share.expired():
-                break
-            if pricer.screen_state(cand) > best_v:
-                pricer.price_state(cand)
+        for deep in (False, True) if r == 0 else ():  # cheap candidates, not walked from: see below
+            for cand in tail_stages(ctx, start, deep):
+                if share.expired():
+                    break
+                if pricer.screen_state(cand) > (TAIL_SLACK if deep else 1.0) * best_v:
+                    pricer.price_state(cand)
         # first, each wide tp group at half the tp and twice the dp (one price per class, where a large
         # cluster's unused classes have many options each and can use up the time before them)
         used = [ci for ci, a in enumerate(best.actions) if a.kind != "skip" and a.tp >= 4]
@@ -576,11 +579,13 @@ def class_moves(ctx: PlanningContext, st: State, ci: int) -> list[Action]:
             + adjacent_stages(cur, options, prefix, c, ctx.model.num_layers))
 
 
-def tail_stages(ctx: PlanningContext, st: State) -> list[State]:
+def tail_stages(ctx: PlanningContext, st: State, deep: bool = False) -> list[State]:
     """With no mixed group yet, each homogeneous group turned into the mixed group with one more stage: a
     whole node of an unused class, one per replica, its GPUs split between tp and dp (tp near the square
     root; refinement regroups it later). A slow node can take a layer or the head off a fast pipeline (8
-    one-GPU H800 stages, then one V100 node at tp 2 x dp 4)."""
+    one-GPU H800 stages, then one V100 node at tp 2 x dp 4). ``deep``: instead, where the class has too few
+    nodes for every replica, all the group's GPUs as one-GPU stages of one pipeline, plus one node of the
+    class at its widest tp (a small batch on 16 GH200 and one V100 node at tp 8: no gradient sync)."""
     if st.mix_replicas:
         return []
     model = ctx.model
@@ -590,15 +595,23 @@ def tail_stages(ctx: PlanningContext, st: State) -> list[State]:
             continue
         for ci, c in enumerate(ctx.classes):
             g = min(c.node_size, c.count)
-            if ci == o or (ci < len(st.actions) and st.actions[ci].kind != "skip") or a.replicas * g > c.count:
+            if ci == o or (ci < len(st.actions) and st.actions[ci].kind != "skip"):
                 continue
             splits = [(tp, dp, ep) for tp, dp, ep in slot_options(model, c) if tp * dp == g]
             if not splits:
                 continue
-            tp, dp, ep = min(splits, key=lambda x: (abs(x[0] * x[0] - g), -x[0], -x[2]))
             acts = list(st.actions) + [Action("skip")] * (len(ctx.classes) - len(st.actions))
-            acts[o], acts[ci] = replace(a, kind="mix"), Action("mix", tp, dp, ep, 1, a.replicas)
-            out.append(State(a.replicas, tuple(acts)))
+            if a.replicas * g <= c.count and not deep:
+                tp, dp, ep = min(splits, key=lambda x: (abs(x[0] * x[0] - g), -x[0], -x[2]))
+                acts[o], acts[ci] = replace(a, kind="mix"), Action("mix", tp, dp, ep, 1, a.replicas)
+                out.append(State(a.replicas, tuple(acts)))
+            elif deep and a.replicas * g > c.count >= g and a.replicas * a.stages * a.tp * a.dp <= model.num_layers:
+                # too few nodes for a tail per replica: every GPU of the group one stage of one pipeline,
+                # then the node at its widest tp (one pipeline of a small batch; no gradient sync)
+                tp, dp, ep = max(splits)
+                acts[o] = Action("mix", 1, 1, 1, a.replicas * a.stages * a.tp * a.dp, 1)
+                acts[ci] = Action("mix", tp, dp, ep, 1, 1)
+                out.append(State(1, tuple(acts)))
     return out
 
 
