@@ -806,3 +806,21 @@ def test_deep_tail_when_too_few_slow_nodes_for_every_replica():
     start = pricer.price_state(own)
     refine(ctx, pricer, own, Deadline(60))
     assert pricer.best()[2].tokens_per_s > 1.05 * start
+
+
+def test_moe_rules_spread_experts_over_eight_tp2_groups_across_nodes():
+    """Mixtral-8x22B on 17 MI300X nodes: Megatron's tp 2 x dp 64 x ep 8 (one stage) is 8 replicas of a
+    stage of tp 2 x dp 8 x ep 8 over two nodes; the node-wide tp 1 rule alone needs two stages and is
+    13% slower (seed22-b20/rob-027, where arachne was at 0.934x Megatron)."""
+    from arachne.planners.arachne.search import Pricer, rule_own_actions
+
+    cl = cluster_from_dict({"name": "m", "nodes": [{"name": "m{i}", "count": 17, "gpu": "MI300X"}]})
+    ctx = ctx_for("Mixtral-8x22B", gbs=128, seq=8192, cluster=cl)
+    acts = rule_own_actions(ctx, 0)
+    megatron = Action("own", 2, 8, 8, 1, 8)
+    assert megatron in acts and Action("own", 1, 8, 8, 2, 8) in acts
+    pricer = Pricer(ctx)
+    prices = {a: pricer.price_state(State(0, (a,))) for a in acts}
+    assert max(prices, key=prices.get) == megatron
+    assert prices[megatron] > 1.1 * prices[Action("own", 1, 8, 8, 2, 8)]
+    assert all(a.tp * a.dp * a.stages * a.replicas <= 136 for a in acts)

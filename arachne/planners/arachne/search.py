@@ -344,19 +344,21 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 wide = Action("own", tp, dp, ep_options(model, dp)[-1], S, c.count // (S * dp * tp))
                 if wide not in out:
                     out.append(wide)
-    if model.is_moe and c.node_size > 1:  # experts over the node's GPUs
-        tp = 1
-        dp = max(d for d in (1, 2, 4, 8) if d <= c.node_size and c.node_size % d == 0)
-        ep = ep_options(model, dp)[-1]
-        for S in STAGE_COUNTS:
-            if S > L or S * dp > c.count:
-                break
-            reps = c.count // (S * dp)
-            prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
-            if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
-                            ctx.work) is not None:
-                out.append(Action("own", tp, dp, ep, S, reps))
-                break
+    if model.is_moe and c.node_size > 1:
+        # experts over the node's GPUs (tp 1); and, as Megatron does, experts over 8 data-parallel groups of
+        # tp 2 or 4, across nodes where the node is narrower
+        node_dp = max(d for d in DP_CHOICES if d <= c.node_size and c.node_size % d == 0)
+        for tp, dp in [(1, node_dp)] + [(t, DP_CHOICES[-1]) for t in tps if t in (2, 4)]:
+            ep = ep_options(model, dp)[-1]
+            for S in STAGE_COUNTS:
+                if S > L or S * dp * tp > c.count:
+                    break
+                reps = c.count // (S * dp * tp)
+                prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
+                if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
+                                ctx.work) is not None:
+                    out.append(Action("own", tp, dp, ep, S, reps))
+                    break
     return out + [v for a in out for v in replica_variants(a, c) if v not in out]
 
 
