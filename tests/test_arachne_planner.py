@@ -824,3 +824,21 @@ def test_moe_rules_spread_experts_over_eight_tp2_groups_across_nodes():
     assert max(prices, key=prices.get) == megatron
     assert prices[megatron] > 1.1 * prices[Action("own", 1, 8, 8, 2, 8)]
     assert all(a.tp * a.dp * a.stages * a.replicas <= 136 for a in acts)
+
+
+def test_depth_regroupings_trade_pipeline_depth_for_stage_dp():
+    """Half the stages at twice the dp (experts over the larger dp) or twice the stages at half the dp,
+    the GPUs per replica unchanged; dense stages keep their dp inside a node."""
+    from arachne.planners.arachne.search import depth_regroupings
+
+    cl = cluster_from_dict({"name": "m", "nodes": [{"name": "m{i}", "count": 17, "gpu": "MI300X"}]})
+    moe = ctx_for("Mixtral-8x22B", gbs=128, seq=8192, cluster=cl)
+    c = moe.classes[0]
+    assert depth_regroupings(Action("own", 2, 1, 1, 8, 8), moe.model, c) == [Action("own", 2, 2, 2, 4, 8)]
+    assert depth_regroupings(Action("own", 2, 8, 8, 1, 8), moe.model, c) == [Action("own", 2, 4, 4, 2, 8)]
+    assert depth_regroupings(Action("mix", 1, 4, 4, 3, 2), moe.model, c) == [Action("mix", 1, 2, 2, 6, 2)]
+    assert depth_regroupings(Action("skip"), moe.model, c) == []
+    dense = ctx_for("LLaMA-2-7B", gbs=128, cluster=cl)
+    assert depth_regroupings(Action("own", 4, 2, 1, 4, 2), dense.model, c) == [Action("own", 4, 1, 1, 8, 2)]
+    assert depth_regroupings(Action("own", 1, 4, 1, 4, 2), dense.model, c) == [
+        Action("own", 1, 8, 1, 2, 2), Action("own", 1, 2, 1, 8, 2)]

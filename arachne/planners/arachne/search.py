@@ -578,7 +578,26 @@ def class_moves(ctx: PlanningContext, st: State, ci: int) -> list[Action]:
     options = class_actions(prefix, ctx.model, c)
     options += [v for a in options for v in replica_variants(a, c)]
     return (_neighbours(cur, options) + offgrid_regroupings(cur, options, ctx.model, c)
-            + adjacent_stages(cur, options, prefix, c, ctx.model.num_layers))
+            + adjacent_stages(cur, options, prefix, c, ctx.model.num_layers)
+            + depth_regroupings(cur, ctx.model, c))
+
+
+def depth_regroupings(cur: Action, model: ModelSpec, c: DeviceClass) -> list[Action]:
+    """``cur``'s GPUs per replica traded between pipeline depth and stage-level dp: half the stages at twice
+    the dp (experts sharded over the larger dp, as far as it allows) or twice the stages at half the dp.
+    Two steps on the grid, whose middle is often worse (8 stages of tp 2 -> one stage of tp 2 x dp 8 x ep 8)."""
+    if cur.kind not in ("own", "mix"):
+        return []
+    valid = slot_options(model, c)
+    out = []
+    for S, dp in ((cur.stages // 2, cur.dp * 2), (cur.stages * 2, cur.dp // 2)):
+        if S < 1 or dp < 1 or S * dp != cur.stages * cur.dp or S > model.num_layers:
+            continue
+        eps = [ep for tp, d, ep in valid if tp == cur.tp and d == dp]
+        if eps:
+            ep = max(eps) if dp > cur.dp else min(eps, key=lambda e: abs(e - cur.ep))
+            out.append(replace(cur, dp=dp, stages=S, ep=ep))
+    return out
 
 
 def tail_stages(ctx: PlanningContext, st: State, deep: bool = False) -> list[State]:
