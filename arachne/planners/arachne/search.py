@@ -513,7 +513,7 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
     (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
     (:func:`balanced_stage_moves`), then each used class at tp >= 4 with half the tp and twice the dp, then
     one class's action at a time (:func:`class_moves`: its grid neighbours, tp/dp regroupings off the grid,
-    and the off-grid stage counts next to it: :func:`adjacent_stages`); then the mixed group at the replica
+    the off-grid stage counts next to it, depth traded for dp); then the mixed group at the replica
     counts that a split GPU type fills; last, at a local optimum only, a slow node hung off a homogeneous
     pipeline (:func:`tail_stages`, also screened on the start)."""
     classes = ctx.classes
@@ -572,7 +572,8 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
 
 def class_moves(ctx: PlanningContext, st: State, ci: int) -> list[Action]:
     """Refinement's moves for class ``ci`` of ``st``: its grid neighbours (fewer replicas of a homogeneous
-    pipeline included), tp/dp regroupings off the grid, and one stage more or fewer off the grid."""
+    pipeline included), tp/dp regroupings off the grid, one stage more or fewer off the grid, and depth
+    traded for stage-level dp (:func:`depth_regroupings`)."""
     c = ctx.classes[ci]
     prefix, cur = State(st.mix_replicas, st.actions[:ci]), st.actions[ci]
     options = class_actions(prefix, ctx.model, c)
