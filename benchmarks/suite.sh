@@ -23,7 +23,7 @@ stream_a() {
     run robustness$s $PY benchmarks/robustness.py --seed $s --planners arachne --reuse $old/runs.json \
       --out results/robustness-r3/seed$s
   done
-  for s in 22 23; do  # fresh hold-outs whose baselines got 20 s each
+  for s in 22 23 24 25; do  # fresh hold-outs whose baselines got 20 s each
     run robustness$s-b20 $PY benchmarks/robustness.py --seed $s --budget 20 --planners arachne \
       --reuse results/robustness/seed$s-b20/runs.json --out results/robustness-r3/seed$s-b20
   done
@@ -37,6 +37,7 @@ stream_a() {
   run robustness_summary1819 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{18,19}/runs.json
   run robustness_summary2021 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{20,21}/runs.json
   run robustness_summary2223b20 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{22,23}-b20/runs.json
+  run robustness_summary2425b20 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{24,25}-b20/runs.json
   run target_sweep $PY benchmarks/target_sweep.py
   run replan_spot $PY benchmarks/replan_trace.py --trace spot
   run replan_grow $PY benchmarks/replan_trace.py --trace grow
