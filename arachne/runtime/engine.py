@@ -229,8 +229,11 @@ class Worker:
         losses: list[float] = list(cfg.extra.get("losses", []))
         for i in range(cfg.steps):
             step = cfg.start_step + i
-            if cfg.fault is not None and cfg.fault == (self.rank, step):
-                os._exit(17)  # simulated crash (fault-injection tests)
+            if cfg.fault is not None and cfg.fault[1] == step:  # simulated crash (fault-injection tests),
+                if world > 1:  # once every process has finished (and rank 0 reported) the steps before
+                    dist.barrier()
+                if cfg.fault[0] == self.rank:
+                    os._exit(17)
             t0 = time.perf_counter()
             for p in self.by_spec.values():
                 p.grad.zero_()  # type: ignore[union-attr]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
-import queue as queue_mod
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -139,7 +139,9 @@ def _spawn(cfg: WorkerConfig, world: int, result: RunResult, on_step: Callable[[
     # children fork from a server that already imported these; torch.optim imports torch._dynamo
     # lazily (~2 s per process otherwise)
     mp.set_forkserver_preload(PRELOAD)
-    q: Any = mp.get_context("forkserver").Queue()
+    # a SimpleQueue's put is written to the pipe before it returns: a step reported just before another
+    # process dies (and the rest are terminated) still arrives, where a Queue's feeder thread could lose it
+    q: Any = mp.get_context("forkserver").SimpleQueue()
     errors: dict[int, str] = {}
     done = False
 
@@ -157,10 +159,14 @@ def _spawn(cfg: WorkerConfig, world: int, result: RunResult, on_step: Callable[[
 
     def drain(wait: float = 0.0) -> None:
         """Handle queued messages; ``wait``: how long to wait for each next one."""
+        until = time.monotonic() + wait
         while not done:
-            try:
-                handle(q.get(timeout=wait) if wait else q.get_nowait())
-            except queue_mod.Empty:
+            if not q.empty():
+                handle(q.get())
+                until = time.monotonic() + wait
+            elif time.monotonic() < until:
+                time.sleep(0.01)
+            else:
                 return
 
     # the launcher reports failures itself; torch's "Terminating process ..." warnings are noise here
