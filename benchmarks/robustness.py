@@ -112,7 +112,7 @@ class Case:
     model_state_fits: bool   # the cluster's total memory can hold weights + grads + optimizer state
 
 
-def random_custom_type(rng: random.Random, k: int) -> dict[str, Any]:
+def random_custom_type(rng: random.Random, k: int, node_sizes: tuple[int, ...] = NODE_SIZES) -> dict[str, Any]:
     """A GPU type known by its features only: a real product missing from the catalog, or a synthetic one."""
     if rng.random() < 0.6:
         t = dict(rng.choice(CUSTOM_PRODUCTS))
@@ -128,7 +128,7 @@ def random_custom_type(rng: random.Random, k: int) -> dict[str, Any]:
         if rng.random() < 0.3:
             t["bf16"] = False
     if rng.random() < 0.5:
-        t["gpus_per_node"] = rng.choice(NODE_SIZES)
+        t["gpus_per_node"] = rng.choice(node_sizes)
     if rng.random() < 0.2:
         t["nics_per_node"] = rng.choice([1, 2, 4])
     t["name"] = f"{t['name']}-c{k}"   # unique per cluster, never a catalog name
@@ -144,8 +144,8 @@ def model_state_bytes(model: ModelSpec, num_gpus: int, precision: str = "bf16") 
     return model.num_params * (w + g + o + extra) + overhead
 
 
-def random_case(rng: random.Random, index: int) -> Case:
-    """One cluster document with a model and a job."""
+def random_case(rng: random.Random, index: int, node_sizes: tuple[int, ...] = NODE_SIZES) -> Case:
+    """One cluster document with a model and a job (node sizes drawn from ``node_sizes``)."""
     catalog = gpu_catalog()
     n_types = rng.randint(2, 6)
     names = list(GPU_POOL)
@@ -157,7 +157,7 @@ def random_case(rng: random.Random, index: int) -> Case:
     customs: list[dict[str, Any]] = []
     if rng.random() < 1 / 3:
         for k in range(min(rng.choice([1, 1, 2]), n_types)):
-            customs.append(random_custom_type(rng, k))
+            customs.append(random_custom_type(rng, k, node_sizes))
             chosen[k] = customs[-1]["name"]
     custom_by_name = {c["name"]: c for c in customs}
 
@@ -174,9 +174,9 @@ def random_case(rng: random.Random, index: int) -> Case:
     for t, (gpu, w) in enumerate(zip(chosen, weights)):
         share = target * w / sum(weights)
         if gpu in BOARD_GPUS and rng.random() < 0.7:
-            sizes = [8] if rng.random() < 0.6 else [8, rng.choice([1, 2, 4])]
+            sizes = [8] if rng.random() < 0.6 else [8, rng.choice([n for n in node_sizes if n != 8] or [8])]
         else:
-            sizes = rng.sample(NODE_SIZES, rng.choice([1, 1, 2]))
+            sizes = rng.sample(node_sizes, rng.choice([1, 1, 2]))
         sizes = sorted(set(sizes))
         sizes_of[gpu] = sizes
         for size in sizes:
@@ -386,7 +386,15 @@ def main() -> None:
     ap.add_argument("--reuse", type=Path, default=None,
                     help="runs.json of an earlier sweep with the same --seed and --n: the runs of planners not in "
                          "--planners are taken from it (e.g. re-run arachne only, against stored baselines)")
+    ap.add_argument("--node-sizes", default=",".join(map(str, NODE_SIZES)),
+                    help="GPUs per node to draw from, comma-separated (default 1,2,4,8; 1,2,3,4,5,6,7,8 adds odd sizes)")
     args = ap.parse_args()
+    try:
+        node_sizes = tuple(sorted({int(x) for x in args.node_sizes.split(",")}))
+    except ValueError:
+        fail(f"--node-sizes: not a comma-separated list of integers: {args.node_sizes!r}")
+    if not node_sizes or min(node_sizes) < 1:
+        fail(f"--node-sizes: sizes must be >= 1: {args.node_sizes!r}")
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
     reused: dict[str, list[Run]] = {}
     if args.reuse is not None:
@@ -394,13 +402,17 @@ def main() -> None:
         if (old["args"]["seed"], old["args"]["n"]) != (args.seed, args.n):
             fail(f"{args.reuse}: args.seed/args.n: the sweep was seed {old['args']['seed']} n "
                  f"{old['args']['n']}, not seed {args.seed} n {args.n}")
+        old_sizes = tuple(old["args"].get("node_sizes", NODE_SIZES))
+        if old_sizes != node_sizes:
+            fail(f"{args.reuse}: args.node_sizes: the sweep drew node sizes {','.join(map(str, old_sizes))}, "
+                 f"pass --node-sizes {','.join(map(str, old_sizes))}")
         for r in old["runs"]:
             if r["planner"] not in planners:
                 reused.setdefault(r["case"], []).append(Run(**r))
         planners += [p for p in old["args"]["planners"] if p not in planners]
 
     rng = random.Random(args.seed)
-    cases = [random_case(rng, i) for i in range(args.n)]
+    cases = [random_case(rng, i, node_sizes) for i in range(args.n)]
     out = args.out
     (out / "clusters").mkdir(parents=True, exist_ok=True)
     (out / "plans").mkdir(parents=True, exist_ok=True)
@@ -492,6 +504,7 @@ def main() -> None:
         for r in runs:
             w.writerow({k: v for k, v in asdict(r).items() if k in fields})
     doc = {"args": {"n": args.n, "seed": args.seed, "budget": args.budget, "planners": planners,
+                    "node_sizes": list(node_sizes),
                     "reused_from": str(args.reuse) if args.reuse else None},
            "elapsed_s": round(elapsed, 1), "summary": summary,
            "cases": [{**{k: v for k, v in asdict(c).items() if k != "doc"},
