@@ -504,9 +504,12 @@ def test_balanced_stage_moves_find_the_counts_that_split_evenly():
     ctx = ctx_for("GPT-3-13B", gbs=1000, seq=2048, cluster=cl)
     start = State(0, (Action("own", 1, 1, 1, 16, 28),))
     moves = balanced_stage_moves(ctx, start)
-    counts = [m.actions[0].stages for m in moves]
+    most = [m for m in moves if m.actions[0].replicas == 448 // m.actions[0].stages]
+    counts = [m.actions[0].stages for m in most]
     assert 14 in counts and 16 not in counts and all(8 <= S <= 32 for S in counts)
-    assert all(m.actions[0].replicas == 448 // m.actions[0].stages for m in moves)
+    # the rest: the same counts (and the start's 16) at the most replicas sharing the batch evenly (25, 20)
+    even = [(m.actions[0].stages, m.actions[0].replicas) for m in moves if m not in most]
+    assert (16, 25) in even and all(1000 % r == 0 and S in counts + [16] for S, r in even)
     pricer = Pricer(ctx)
     best = max(pricer.throughput(m.template()) for m in moves)
     assert best > 1.03 * pricer.throughput(start.template())
@@ -660,7 +663,13 @@ def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage()
     wide = Template((Group((Slot(0, 1, 8, 4),), 1),))  # one stage over 8 GPUs (experts sharded 4 ways)
     assert mbs_candidates(plain, job, True) == [1, 2, 4, 8, 16, 32]
     assert mbs_candidates(wide, job, True) == [8, 16, 32, 64, 128]
-    assert mbs_candidates(wide, Job(global_batch_size=96, sequence_length=1024), True) == [8, 16, 32]
+    # off the powers of two: the whole batch in one or two micro-batches of the one pipeline
+    assert mbs_candidates(wide, Job(global_batch_size=96, sequence_length=1024), True) == [8, 16, 32, 48, 96]
+    # 16 data-parallel replicas of a batch of 384: one micro-batch of 24 each, or two of 12 (AMP's plan on
+    # odd100/rob-025, 1.7% faster than micro-batches of 8)
+    sixteen = Template((Group((Slot(0, 1, 1),), 16),))
+    assert mbs_candidates(sixteen, Job(global_batch_size=384, sequence_length=1024), True) == [1, 2, 4, 8, 16, 32,
+                                                                                                12, 24]
 
 
 def test_wide_rules_leave_out_the_classes_whose_nodes_are_too_narrow():
@@ -842,3 +851,69 @@ def test_depth_regroupings_trade_pipeline_depth_for_stage_dp():
     assert depth_regroupings(Action("own", 4, 2, 1, 4, 2), dense.model, c) == [Action("own", 4, 1, 1, 8, 2)]
     assert depth_regroupings(Action("own", 1, 4, 1, 4, 2), dense.model, c) == [
         Action("own", 1, 8, 1, 2, 2), Action("own", 1, 2, 1, 8, 2)]
+
+
+@given(hst.integers(1, 64))
+def test_node_parts_tile_a_node_with_powers_of_two_largest_first(n):
+    from arachne.planners.arachne.template import node_parts
+
+    parts = node_parts(n)
+    assert sum(size for _, size in parts) == n
+    assert all(size & (size - 1) == 0 for _, size in parts)
+    assert [size for _, size in parts] == sorted({size for _, size in parts}, reverse=True)  # distinct, descending
+    assert [off for off, _ in parts] == [sum(s for _, s in parts[:k]) for k in range(len(parts))]
+
+
+def odd_node_cluster():
+    """Two H100 nodes that lost a GPU each (7 left) and three single-L4 nodes."""
+    return cluster_from_dict({"name": "odd", "nodes": [
+        {"name": "h{i}", "count": 2, "gpu": "H100", "gpus_per_node": 7, "inter_node_gbps": 50},
+        {"name": "l{i}", "count": 3, "gpu": "L4", "gpus_per_node": 1, "inter_node_gbps": 3.125}]})
+
+
+def test_odd_nodes_are_planned_as_power_of_two_parts_covering_every_gpu_once():
+    cl = odd_node_cluster()
+    ctx = ctx_for("Mixtral-8x7B", gbs=64, seq=4096, cluster=cl)
+    assert [(c.gpu.name, c.node_size, c.count) for c in ctx.classes] == [
+        ("H100-SXM5-80GB", 4, 8), ("H100-SXM5-80GB", 2, 4), ("H100-SXM5-80GB", 1, 2), ("L4", 1, 3)]
+    devs = [d for c in ctx.classes for node in c.node_devices() for d in node]
+    assert sorted(devs) == sorted(cl.devices)
+
+
+def test_on_odd_nodes_a_pipeline_uses_tp2_and_crosses_between_nodes_once():
+    """Mixtral-8x7B needs all 14 H100s of two 7-GPU nodes. Before node parts, tp had to divide 7 (tp 1
+    only, 14 one-GPU stages with recomputation, 0.70x Metis); a pipeline over the parts placed class by
+    class crossed between the nodes at every part. Metis's plan (three tp 2 stages and one tp 1 stage
+    per node, one crossing) is the reference arachne must reach."""
+    from arachne.plan import Pipeline, Plan, Stage
+
+    cl = odd_node_cluster()
+    model = model_catalog().get("Mixtral-8x7B")
+    job = Job(global_batch_size=64, sequence_length=4096)
+    cm = CostModel(cl)
+    plan, est, _ = run_planner("arachne", cl, model, job, cm)
+    assert max(st.tp for p in plan.pipelines for st in p.stages) == 2
+    cuts = [(0, 5), (5, 10), (10, 14), (14, 16), (16, 18), (18, 23), (23, 28), (28, 32)]
+    devs = [("h0:0", "h0:1"), ("h0:2", "h0:3"), ("h0:4", "h0:5"), ("h0:6",), ("h1:6",), ("h1:0", "h1:1"),
+            ("h1:2", "h1:3"), ("h1:4", "h1:5")]
+    metis = Plan(model="Mixtral-8x7B", global_batch_size=64, sequence_length=4096, micro_batch_size=1,
+                 pipelines=[Pipeline(micro_batches=64, stages=[Stage(layers=a, devices=d, tp=len(d))
+                                                               for a, d in zip(cuts, devs)])])
+    ref = cm.estimate(metis)
+    assert ref.fits
+    assert est.tokens_per_s >= 0.99 * ref.tokens_per_s
+    nodes = [st.devices[0].split(":")[0] for p in plan.pipelines for st in p.stages]
+    assert sum(a != b for a, b in zip(nodes, nodes[1:])) <= len({*nodes}) - 1 + len(plan.pipelines) - 1
+
+
+def test_node_contiguous_groups_interchangeable_stages_by_node():
+    from arachne.planners.completion import node_contiguous
+
+    keys = [("H100", 2, 1, 1)] * 6 + [("H100", 1, 1, 1)] * 2
+    devs = [("h0:0", "h0:1"), ("h0:2", "h0:3"), ("h1:0", "h1:1"), ("h1:2", "h1:3"), ("h0:4", "h0:5"),
+            ("h1:4", "h1:5"), ("h0:6",), ("h1:6",)]
+    out = node_contiguous(keys, devs)
+    assert sorted(out) == sorted(devs)
+    assert [d[0][:2] for d in out] == ["h0", "h0", "h0", "h1", "h1", "h1", "h1", "h0"]
+    same = [("a:0",), ("a:1",), ("b:0",), ("b:1",)]
+    assert node_contiguous([("A100", 1, 1, 1)] * 4, same) == same  # already contiguous: unchanged

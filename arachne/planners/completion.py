@@ -290,7 +290,7 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
     Megatron's tp-dp-pp rank order does)."""
     free: dict[int, list[list[str]]] = {}
     for c in ctx.classes:
-        free[c.index] = [[f"{n}:{i}" for i in range(c.node_size)] for n in c.nodes]
+        free[c.index] = c.node_devices()
     cursor = {c.index: 0 for c in ctx.classes}
 
     def take(slot) -> tuple[str, ...] | None:
@@ -338,7 +338,40 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
             if devs is None:
                 return None
             reps[r][j] = devs
-        out.append(reps)
+        keys = [(ctx.classes[s.cls].gpu.name, s.tp, s.dp, s.ep) for s in g.slots]
+        out.append([node_contiguous(keys, devs) for devs in reps])
+    return out
+
+
+def node_contiguous(keys: list[tuple], devs: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Reorder a pipeline's stage devices within each run of interchangeable stages (same GPU type and
+    shape) so that stages on one node are adjacent and the run starts on the node the stage before
+    it ends on: parts of one node (:func:`node_parts`) are separate classes, and placing them class
+    by class would cross between nodes at every part."""
+    node = [d[0].rsplit(":", 1)[0] for d in devs]
+    out = list(devs)
+
+    def hops(seq: list[str]) -> int:
+        return sum(a != b for a, b in zip(seq, seq[1:]))
+
+    i = 0
+    while i < len(devs):
+        j = i + 1
+        while j < len(devs) and keys[j] == keys[i]:
+            j += 1
+        run = node[i:j]
+        if len(set(run)) > 1:
+            order = list(dict.fromkeys(run))
+            if i and node[i - 1] in order:
+                order.remove(node[i - 1])
+                order.insert(0, node[i - 1])
+            rank = {n: k for k, n in enumerate(order)}
+            perm = sorted(range(j - i), key=lambda k: rank[run[k]])
+            edge = node[max(0, i - 1):i], node[j:j + 1]
+            if hops([*edge[0], *(run[k] for k in perm), *edge[1]]) < hops([*edge[0], *run, *edge[1]]):
+                out[i:j] = [devs[i + k] for k in perm]
+                node[i:j] = [run[k] for k in perm]
+        i = j
     return out
 
 
@@ -489,8 +522,13 @@ def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = F
     n_pipes = sum(g.replicas for g in template.groups)
     dps = {s.dp for g in template.groups for s in g.slots}
     choices = MBS_CHOICES + tuple(MBS_CHOICES[-1] * d for d in (2, 4, 8) if d <= max(dps))
-    out = [b for b in choices if job.global_batch_size % b == 0 and all(b % d == 0 for d in dps)
-           and (allow_fewer_pipelines or job.global_batch_size // b >= n_pipes)]
+    gbs = job.global_batch_size
+    # one or two micro-batches per pipeline where that is off the powers of two (24 sequences each for 16
+    # data-parallel replicas of a batch of 384): the fewest, largest micro-batches
+    shares = tuple(gbs // (n_pipes * k) for k in (1, 2) if gbs % (n_pipes * k) == 0)
+    choices += tuple(sorted({b for b in shares if b <= max(choices)} - set(choices)))
+    out = [b for b in choices if gbs % b == 0 and all(b % d == 0 for d in dps)
+           and (allow_fewer_pipelines or gbs // b >= n_pipes)]
     return out
 
 
@@ -508,7 +546,7 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
         ctx.work.prices += 1
     template = cap_replicas(template, ctx.job.global_batch_size)
     best: tuple[Plan, Estimate] | None = None
-    for variant in stage_orders(template):
+    for variant in stage_orders(template, ctx.classes):
         if screen and best is not None:
             break
         r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced, alt_splits=not screen)
@@ -519,13 +557,44 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     return best
 
 
-def stage_orders(template: Template) -> list[Template]:
+def stage_orders(template: Template, classes: list[DeviceClass] | None = None) -> list[Template]:
     """The template, and with its mixed pipelines' classes in reverse order: fastest first puts the
-    output layer (large vocabularies need memory for the logits) on the slowest, often smallest, GPUs."""
+    output layer (large vocabularies need memory for the logits) on the slowest, often smallest, GPUs.
+    Where a pipeline runs over the parts of the same nodes (:func:`node_parts`), also node by node."""
     out = [template]
     if any(len({s.cls for s in g.slots}) > 1 for g in template.groups):
         out.append(Template(tuple(Group(_reverse_classes(g.slots), g.replicas) for g in template.groups)))
+        if classes is not None:
+            groups = tuple(Group(_node_major(g.slots, classes) if g.replicas == 1 else g.slots, g.replicas)
+                           for g in template.groups)
+            if any(a.slots != b.slots for a, b in zip(groups, template.groups)):
+                out.append(Template(groups))
     return out
+
+
+def _node_major(slots: tuple[Slot, ...], classes: list[DeviceClass]) -> tuple[Slot, ...]:
+    """Runs of slots over sibling parts of the same nodes, reordered to visit one node's parts, then the
+    next node's in reverse (``A A B C | C B A A``): one crossing between nodes instead of one per part."""
+    out: list[Slot] = []
+    i = 0
+    while i < len(slots):
+        nodes = classes[slots[i].cls].nodes
+        j = i + 1
+        while j < len(slots) and classes[slots[j].cls].nodes == nodes and not slots[j].pool:
+            j += 1
+        run = slots[i:j]
+        per_class: dict[int, list[Slot]] = {}
+        for sl in run:
+            per_class.setdefault(sl.cls, []).append(sl)
+        N = len(nodes)
+        if len(per_class) > 1 and N > 1 and not run[0].pool and all(len(v) % N == 0 for v in per_class.values()):
+            for k in range(N):
+                part = [sl for v in per_class.values() for sl in v[k * len(v) // N:(k + 1) * len(v) // N]]
+                out += part[::-1] if k % 2 else part
+        else:
+            out += run
+        i = j
+    return tuple(out)
 
 
 def _reverse_classes(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:

@@ -25,21 +25,45 @@ def fmt_time(s: float) -> str:
 
 
 def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
-    """Per stage: GPU type, layers, tp/dp/ep, time per micro-batch, memory against capacity."""
+    """Per stage: GPU type, layers, tp/dp/ep, time per micro-batch, memory against capacity. Consecutive
+    pipelines whose rows are the same are shown once (``pipe`` 3-231: 229 replicas)."""
     t = Table(title=title, title_justify="left")
     for col, just in (("pipe", "right"), ("stage", "right"), ("GPU", "left"), ("layers", "left"),
                       ("GPUs", "right"), ("tp", "right"), ("dp", "right"), ("ep", "right"),
                       ("time/µbatch", "right"), ("memory / capacity", "right"), ("compute from", "left")):
         t.add_column(col, justify=just)
+    rows: dict[int, list[tuple]] = {}
     for s in est.stages:
         st = plan.pipelines[s.pipeline].stages[s.stage]
         ratio = s.memory_bytes / s.capacity_bytes
         style = "red" if ratio > 1 else ("yellow" if ratio > 0.9 else "green")
-        mem = Text(f"{fmt_bytes(s.memory_bytes)} / {fmt_bytes(s.capacity_bytes)} ({ratio:.0%})", style=style)
+        mem = f"{fmt_bytes(s.memory_bytes)} / {fmt_bytes(s.capacity_bytes)} ({ratio:.0%})"
         extras = " rc" if st.recompute else ""
-        t.add_row(str(s.pipeline), str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}",
-                  str(len(st.devices)), str(s.tp), str(s.dp), str(s.ep), fmt_time(s.fwd_s + s.bwd_s), mem, s.source)
+        rows.setdefault(s.pipeline, []).append(
+            (str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}", str(len(st.devices)), str(s.tp),
+             str(s.dp), str(s.ep), fmt_time(s.fwd_s + s.bwd_s), (mem, style), s.source))
+    order = sorted(rows)
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and rows[order[j]] == rows[order[i]]:
+            j += 1
+        label = str(order[i]) if j - i == 1 else f"{order[i]}-{order[j - 1]}"
+        for k, (stage, gpu, layers, n, tp, dp, ep, tm, (mem, style), src) in enumerate(rows[order[i]]):
+            t.add_row(label if k == 0 else "", stage, gpu, layers, n, tp, dp, ep, tm, Text(mem, style=style), src)
+        i = j
     return t
+
+
+def pipeline_shapes(plan: Plan) -> str:
+    """``232 x 2`` for 232 pipelines of 2 stages; ``16 x 4 + 1 x 3`` for mixed depths, in plan order."""
+    runs: list[list[int]] = []
+    for p in plan.pipelines:
+        if runs and runs[-1][1] == len(p.stages):
+            runs[-1][0] += 1
+        else:
+            runs.append([1, len(p.stages)])
+    return " + ".join(f"{n} x {S}" for n, S in runs)
 
 
 def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = None) -> Table:
@@ -50,7 +74,7 @@ def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = Non
     t.add_row("model", plan.model_name)
     t.add_row("batch", f"{plan.global_batch_size} x {plan.sequence_length} tokens, micro-batch {plan.micro_batch_size}, "
                        f"{plan.precision}, zero {plan.zero_stage}, {plan.schedule}")
-    t.add_row("pipelines x stages", " + ".join(f"{len(p.stages)}" for p in plan.pipelines))
+    t.add_row("pipelines x stages", pipeline_shapes(plan))
     t.add_row("GPUs used", str(len(plan.devices)))
     t.add_row("iteration time", fmt_time(est.iteration_time_s))
     t.add_row("throughput", f"{est.tokens_per_s:,.0f} tokens/s  ({est.samples_per_s:,.2f} samples/s)")

@@ -344,11 +344,13 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 wide = Action("own", tp, dp, ep_options(model, dp)[-1], S, c.count // (S * dp * tp))
                 if wide not in out:
                     out.append(wide)
-    if model.is_moe and c.node_size > 1:
+    if model.is_moe:
         # experts over the node's GPUs (tp 1); and, as Megatron does, experts over 8 data-parallel groups of
-        # tp 2 or 4, across nodes where the node is narrower
+        # tp 1 (where the node is narrower), 2 or 4, across nodes
         node_dp = max(d for d in DP_CHOICES if d <= c.node_size and c.node_size % d == 0)
-        for tp, dp in [(1, node_dp)] + [(t, DP_CHOICES[-1]) for t in tps if t in (2, 4)]:
+        pairs = [(1, node_dp)] if node_dp > 1 else []
+        pairs += [(t, DP_CHOICES[-1]) for t in tps if t in (1, 2, 4) and (t, DP_CHOICES[-1]) not in pairs]
+        for tp, dp in pairs:
             ep = ep_options(model, dp)[-1]
             for S in STAGE_COUNTS:
                 if S > L or S * dp * tp > c.count:
@@ -690,7 +692,8 @@ def balanced_stage_moves(ctx: PlanningContext, st: State, per_class: int = 2) ->
     """Each homogeneous group at the ``per_class`` stage counts (within half to twice its own) whose
     layer split is best balanced, by a quick guess: replicas x micro-batches over (micro-batches +
     stages - 1) x the split's slowest stage. Blocks plus the embedding and head divide evenly only
-    into some counts (7, 14, 21 for 40 blocks), and the stage-count grid skips most of them."""
+    into some counts (7, 14, 21 for 40 blocks), and the stage-count grid skips most of them. Each
+    (and the group as it is) also at the most replicas that share the global batch evenly."""
     L, gbs = ctx.model.num_layers, ctx.job.global_batch_size
     out = []
     for ci, a in enumerate(st.actions):
@@ -707,7 +710,14 @@ def balanced_stage_moves(ctx: PlanningContext, st: State, per_class: int = 2) ->
             r = split_layers([prof] * S, L, m, ctx.work)
             if r is not None:
                 scored.append((-reps * m / ((m + S - 1) * r[1]), S, reps))
-        for _, S, reps in sorted(scored)[:per_class]:
+        # each at the most replicas that share the batch evenly too (the current count included): with
+        # 1024 sequences, 154 replicas leave most waiting on those with one more micro-batch
+        moves = []
+        for S, reps in [(S, reps) for _, S, reps in sorted(scored)[:per_class]] + [(a.stages, a.replicas)]:
+            even = max((r for r in range(1, reps + 1) if gbs % r == 0), default=reps)
+            moves += [(S, reps)] if S != a.stages else []
+            moves += [(S, even)] if even != reps else []
+        for S, reps in moves:
             out.append(State(st.mix_replicas, st.actions[:ci] + (replace(a, stages=S, replicas=reps),)
                              + st.actions[ci + 1:]))
     return out

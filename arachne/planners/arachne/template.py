@@ -29,29 +29,53 @@ class DeviceClass:
     inter_node_bw: float
     nodes: tuple[str, ...]
     kin: tuple[tuple[int, int, int], ...] = ()  # (index, GPUs, node size) of every class of this GPU type
+    offsets: tuple[int, ...] = ()  # first GPU of the class's part of each node (empty: whole nodes)
 
     @property
     def count(self) -> int:
         return self.node_size * len(self.nodes)
+
+    def node_devices(self) -> list[list[str]]:
+        """The class's device ids, node by node."""
+        offs = self.offsets or (0,) * len(self.nodes)
+        return [[f"{n}:{o + i}" for i in range(self.node_size)] for n, o in zip(self.nodes, offs)]
 
     @property
     def label(self) -> str:
         return f"{self.gpu.name}x{self.node_size}"
 
 
+def node_parts(num_gpus: int) -> list[tuple[int, int]]:
+    """(first GPU, GPUs) of a node's power-of-two parts, largest first: a node of 7 is planned as parts
+    of 4, 2 and 1, so that tensor parallelism of 4 and 2 fits it (a node that lost a GPU, or an odd SKU)."""
+    parts, off, k = [], 0, num_gpus
+    while k:
+        size = 1 << (k.bit_length() - 1)
+        parts.append((off, size))
+        off += size
+        k -= size
+    return parts
+
+
 def device_classes(cluster: Cluster, precision: str = "bf16") -> list[DeviceClass]:
-    """The cluster's device classes, fastest GPU type first (ties: larger nodes first)."""
-    groups: dict[tuple, list[str]] = {}
+    """The cluster's device classes, fastest GPU type first (ties: larger nodes first). Nodes whose
+    size is not a power of two join classes by parts (see :func:`node_parts`)."""
+    groups: dict[tuple, list[tuple[str, int]]] = {}
     gpus: dict[tuple, GPUType] = {}
     for n in cluster.nodes:
-        key = (n.gpu.name, n.num_gpus, n.inter_node_bw)
-        groups.setdefault(key, []).append(n.name)
-        gpus[key] = n.gpu
+        for off, size in node_parts(n.num_gpus):
+            key = (n.gpu.name, size, n.inter_node_bw)
+            groups.setdefault(key, []).append((n.name, off))
+            gpus[key] = n.gpu
     keys = sorted(groups, key=lambda k: (-gpus[k].peak_flops(precision), -gpus[k].memory_gb, -k[1], -k[2], k[0]))
     kin: dict[str, list[tuple[int, int, int]]] = {}
     for i, k in enumerate(keys):
         kin.setdefault(k[0], []).append((i, k[1] * len(groups[k]), k[1]))
-    return [DeviceClass(i, gpus[k], k[1], k[2], tuple(groups[k]), tuple(kin[k[0]])) for i, k in enumerate(keys)]
+    out = []
+    for i, k in enumerate(keys):
+        names, offs = zip(*groups[k])
+        out.append(DeviceClass(i, gpus[k], k[1], k[2], names, tuple(kin[k[0]]), offs if any(offs) else ()))
+    return out
 
 
 def pool_classes(c: DeviceClass, slot_gpus: int) -> list[int]:
