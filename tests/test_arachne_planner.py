@@ -917,3 +917,58 @@ def test_node_contiguous_groups_interchangeable_stages_by_node():
     assert [d[0][:2] for d in out] == ["h0", "h0", "h0", "h1", "h1", "h1", "h1", "h0"]
     same = [("a:0",), ("a:1",), ("b:0",), ("b:1",)]
     assert node_contiguous([("A100", 1, 1, 1)] * 4, same) == same  # already contiguous: unchanged
+
+
+def test_whole_node_view_keeps_every_slot_on_whole_nodes_or_inside_one():
+    """Odd-sized nodes as whole-node classes (the second view): the MoE rule's tp 2 x dp 8 (16 GPUs) does not
+    tile 6-GPU nodes, and placement refuses such a slot instead of handing the cost model a short stage (a
+    crash on odd101/rob-001)."""
+    from arachne.planners.arachne.search import rule_own_actions
+    from arachne.planners.arachne.template import slot_fits_nodes
+
+    cl = cluster_from_dict({"name": "six", "nodes": [{"name": "r{i}", "count": 8, "gpu": "RTX-4090",
+                                                      "gpus_per_node": 6}]})
+    model, job = model_catalog().get("Qwen1.5-MoE-A2.7B"), Job(global_batch_size=96, sequence_length=8192)
+    ctx = PlanningContext(cl, model, job, CostModel(cl), node_parts=False)
+    assert [c.node_size for c in ctx.classes] == [6]
+    acts = rule_own_actions(ctx, 0)
+    assert acts and all(slot_fits_nodes(a.tp * a.dp, 6) for a in acts)
+    assert place(Template((Group((Slot(0, 2, 8, 4),), 1),)), ctx) is None
+
+
+def test_moe_rule_spreads_experts_over_eight_single_gpu_nodes():
+    """64 single-GPU A100 nodes on a fast network: Megatron's one stage of dp 64 x ep 4 is 8 replicas of
+    dp 8 x ep 4 across nodes; the tp 1 rule alone (no experts spread) is 11% slower (odd100/rob-017)."""
+    from arachne.planners.arachne.search import Pricer, rule_own_actions
+
+    cl = cluster_from_dict({"name": "ones", "nodes": [{"name": "a{i}", "count": 64, "gpu": "A100-80",
+                                                       "gpus_per_node": 1, "inter_node_gbps": 200}]})
+    ctx = ctx_for("Qwen1.5-MoE-A2.7B", gbs=2048, seq=512, cluster=cl)
+    acts = rule_own_actions(ctx, 0)
+    spread = Action("own", 1, 8, 4, 1, 8)
+    assert spread in acts
+    pricer = Pricer(ctx)
+    prices = {a: pricer.price_state(State(0, (a,))) for a in acts}
+    assert max(prices, key=prices.get) == spread
+    assert prices[spread] > 1.1 * max(v for a, v in prices.items() if a.dp == 1)
+
+
+def test_odd_nodes_are_also_planned_whole_and_the_faster_view_wins():
+    """On a small cluster with odd-sized nodes arachne searches both views (parts, then whole nodes for 40%
+    of the target) and returns the faster plan; without odd nodes, or above 512 GPUs, parts only."""
+    from arachne.planners.arachne.planner import ArachnePlanner
+
+    cl = odd_node_cluster()
+    model, job = model_catalog().get("Mixtral-8x7B"), Job(global_batch_size=64, sequence_length=4096)
+    cm = CostModel(cl)
+    res = ArachnePlanner().plan(cl, model, job, cm, SearchBudget(time_budget_s=30))
+    views = res.stats.notes["node_views"]
+    assert set(views) == {"parts", "whole"} and views["parts"] < views["whole"]  # tp 2 needs the parts
+    assert res.scores[0] == min(views.values())
+    assert cm.estimate(res.plans[0]).iteration_time_s == pytest.approx(res.scores[0], rel=1e-6)
+    one = ArachnePlanner(whole_share=0).plan(cl, model, job, cm, SearchBudget(time_budget_s=30))
+    assert "node_views" not in one.stats.notes
+    even = ArachnePlanner().plan(small_cluster(), model_catalog().get("GPT-3-1.3B"),
+                                 Job(global_batch_size=64, sequence_length=2048), CostModel(small_cluster()),
+                                 SearchBudget(time_budget_s=30))
+    assert "node_views" not in even.stats.notes

@@ -75,6 +75,7 @@ class PlanningContext:
     even_split_notes: int = 0  # plans priced only to explain a failure (a few are enough)
     work: Work = field(default_factory=Work)  # work requested so far (a work-bounded planner's clock)
     balance_sends: bool = True  # a second layer split that also balances blocking sends (slow links)
+    node_parts: bool = True  # classes of odd-sized nodes by power-of-two parts (see template.node_parts)
     best_tok_s: float = 0.0  # the fastest fitting plan priced so far
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
     _stages: dict[tuple, Stage] = field(default_factory=dict)
@@ -93,7 +94,7 @@ class PlanningContext:
 
     def __post_init__(self) -> None:
         if not self.classes:
-            self.classes = device_classes(self.cluster, self.job.precision)
+            self.classes = device_classes(self.cluster, self.job.precision, self.node_parts)
 
     def stage(self, layers: tuple[int, int], devices: tuple[str, ...], tp: int, dp: int, ep: int,
               recompute: bool) -> Stage:
@@ -306,6 +307,8 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
         nodes = free[cls]
         i = cursor[cls]
         if need >= c.node_size:
+            if need % c.node_size:  # a slot spans whole nodes or none (see template.slot_fits_nodes)
+                return None
             k = need // c.node_size
             while i < len(nodes) and len(nodes[i]) != c.node_size:
                 i += 1

@@ -19,6 +19,7 @@ from arachne.planners.arachne.search import (
     teacher_search,
 )
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
+from arachne.planners.arachne.template import has_odd_nodes
 from arachne.planners.completion import PlanningContext, polish_splits
 from arachne.planners.work import WorkClock
 from arachne.spec.cluster import Cluster
@@ -47,7 +48,8 @@ class ArachnePlanner:
                  teacher_share: float = 0.5, phase1_share: float = 0.6, screen_share: float = 0.5,
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
                  ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
-                 clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True):
+                 clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
+                 whole_share: float = 0.4, whole_max_gpus: int = 512):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -70,22 +72,46 @@ class ArachnePlanner:
         self.balance_sends = balance_sends  # layer splits balance blocking sends too (see completion.split_layers)
         self.more_starts = more_starts  # further refinement starts when time is left (path dependence)
         self.depth_rule = depth_rule  # each class alone at the depths a quick guess rates best (depth_states)
+        self.whole_share = whole_share  # of the target, for odd-sized nodes as whole-node classes (0: parts only)
+        self.whole_max_gpus = whole_max_gpus  # ... on clusters of at most this many GPUs
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
         deadline = budget.deadline()  # the caller's budget, on the wall clock
-        full_target = min(self.target_s, deadline.seconds)
+        if not has_odd_nodes(cluster) or not 0 < self.whole_share < 1 or len(cluster.devices) > self.whole_max_gpus:
+            return self._plan(cluster, model, job, cost_model, budget, deadline, True, 1.0)
+        # nodes of 3, 6 or 7 GPUs: their power-of-two parts as classes (tp 2 and 4 fit) and, for a share of
+        # the target, the whole nodes (a stage of dp 6, fewer classes for the mixed pipelines); not on large
+        # clusters, whose search needs all of the target
+        runs = [(parts, self._plan(cluster, model, job, cost_model, budget, deadline, parts, share))
+                for parts, share in ((True, 1 - self.whole_share), (False, self.whole_share))]
+        ranked = sorted(((t, p) for _, r in runs for p, t in zip(r.plans, r.scores)), key=lambda x: x[0])
+        stats = runs[0][1].stats
+        for _, r in runs[1:]:
+            stats.candidates += r.stats.candidates
+            stats.timed_out = stats.timed_out or r.stats.timed_out
+            stats.notes["work_s"] = round(stats.notes.get("work_s", 0.0) + r.stats.notes.get("work_s", 0.0), 3)
+        stats.notes["node_views"] = {("parts" if parts else "whole"): r.scores[0] if r.scores else None
+                                     for parts, r in runs}
+        ranked = ranked[: max(1, budget.top_k)]
+        return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], stats)
+
+    def _plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel, budget: SearchBudget,
+              deadline: Deadline, parts: bool, share: float) -> PlannerResult:
+        """One search over the cluster's classes (``parts``: odd nodes by parts) with ``share`` of the target."""
+        full_target = min(self.target_s * share, deadline.remaining)
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
-        extend = self.mode == "policy" and self.use_floor and not self.rank_k and full_target > BASE_TARGET_S
-        target = BASE_TARGET_S if extend else full_target
+        base = BASE_TARGET_S * share
+        extend = self.mode == "policy" and self.use_floor and not self.rank_k and full_target > base
+        target = base if extend else full_target
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
-        ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends)
+        ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends, node_parts=parts)
         pricer = Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many
         # times slower than the one the work rates were fitted on
-        guard = Deadline(min(deadline.seconds, WALL_GUARD * full_target + 1.0))
+        guard = Deadline(min(deadline.remaining, WALL_GUARD * full_target + 1.0))
         work = WorkClock(ctx.work, cost_model)
         run = Deadline(full_target, work if self.clock == "work" else time.perf_counter, guard)
         policy = self.policy or (shipped_policy() if self.mode == "policy" else None)
@@ -113,7 +139,7 @@ class ArachnePlanner:
             timed = mode == "policy" and self.use_floor  # the shipped configuration keeps to its latency target
             # past the budget, pricing goes on only until one plan fits (a plan beats a timeout), and
             # never past twice the budget
-            hard = Deadline(2 * deadline.seconds)
+            hard = Deadline(max(0.0, 2 * deadline.seconds - deadline.elapsed))
 
             def stop(soft: Deadline | None = None) -> bool:
                 if hard.expired():

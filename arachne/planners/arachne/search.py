@@ -26,7 +26,14 @@ from arachne.planners.arachne.actions import (
 )
 from arachne.planners.arachne.features import FeatureBuilder
 from arachne.planners.arachne.policy import Policy
-from arachne.planners.arachne.template import DeviceClass, Template, ep_options, pool_classes, tp_options
+from arachne.planners.arachne.template import (
+    DeviceClass,
+    Template,
+    ep_options,
+    pool_classes,
+    slot_fits_nodes,
+    tp_options,
+)
 from arachne.planners.base import Deadline
 from arachne.planners.completion import PlanningContext, price_template, split_layers
 from arachne.spec.model import ModelSpec
@@ -350,7 +357,7 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
         node_dp = max(d for d in DP_CHOICES if d <= c.node_size and c.node_size % d == 0)
         pairs = [(1, node_dp)] if node_dp > 1 else []
         pairs += [(t, DP_CHOICES[-1]) for t in tps if t in (1, 2, 4) and (t, DP_CHOICES[-1]) not in pairs]
-        for tp, dp in pairs:
+        for tp, dp in [(t, d) for t, d in pairs if slot_fits_nodes(t * d, c.node_size)]:
             ep = ep_options(model, dp)[-1]
             for S in STAGE_COUNTS:
                 if S > L or S * dp * tp > c.count:

@@ -57,13 +57,13 @@ def node_parts(num_gpus: int) -> list[tuple[int, int]]:
     return parts
 
 
-def device_classes(cluster: Cluster, precision: str = "bf16") -> list[DeviceClass]:
-    """The cluster's device classes, fastest GPU type first (ties: larger nodes first). Nodes whose
-    size is not a power of two join classes by parts (see :func:`node_parts`)."""
+def device_classes(cluster: Cluster, precision: str = "bf16", parts: bool = True) -> list[DeviceClass]:
+    """The cluster's device classes, fastest GPU type first (ties: larger nodes first). With ``parts``,
+    nodes whose size is not a power of two join classes by parts (see :func:`node_parts`)."""
     groups: dict[tuple, list[tuple[str, int]]] = {}
     gpus: dict[tuple, GPUType] = {}
     for n in cluster.nodes:
-        for off, size in node_parts(n.num_gpus):
+        for off, size in node_parts(n.num_gpus) if parts else [(0, n.num_gpus)]:
             key = (n.gpu.name, size, n.inter_node_bw)
             groups.setdefault(key, []).append((n.name, off))
             gpus[key] = n.gpu
@@ -76,6 +76,11 @@ def device_classes(cluster: Cluster, precision: str = "bf16") -> list[DeviceClas
         names, offs = zip(*groups[k])
         out.append(DeviceClass(i, gpus[k], k[1], k[2], names, tuple(kin[k[0]]), offs if any(offs) else ()))
     return out
+
+
+def has_odd_nodes(cluster: Cluster) -> bool:
+    """Some node's GPU count is not a power of two (its parts and its whole differ as classes)."""
+    return any(n.num_gpus & (n.num_gpus - 1) for n in cluster.nodes)
 
 
 def pool_classes(c: DeviceClass, slot_gpus: int) -> list[int]:
