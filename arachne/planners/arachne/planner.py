@@ -49,7 +49,7 @@ class ArachnePlanner:
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
                  ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
-                 whole_share: float = 0.4, whole_max_gpus: int = 512):
+                 parts_share: float = 0.001, parts_max_gpus: int = 512):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -72,19 +72,25 @@ class ArachnePlanner:
         self.balance_sends = balance_sends  # layer splits balance blocking sends too (see completion.split_layers)
         self.more_starts = more_starts  # further refinement starts when time is left (path dependence)
         self.depth_rule = depth_rule  # each class alone at the depths a quick guess rates best (depth_states)
-        self.whole_share = whole_share  # of the target, for odd-sized nodes as whole-node classes (0: parts only)
-        self.whole_max_gpus = whole_max_gpus  # ... on clusters of at most this many GPUs
+        self.parts_share = parts_share  # of the target, odd-sized nodes by parts (0: whole nodes only, 1: parts)
+        self.parts_max_gpus = parts_max_gpus  # ... on clusters of at most this many GPUs (above: whole nodes)
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
         deadline = budget.deadline()  # the caller's budget, on the wall clock
-        if not has_odd_nodes(cluster) or not 0 < self.whole_share < 1 or len(cluster.devices) > self.whole_max_gpus:
-            return self._plan(cluster, model, job, cost_model, budget, deadline, True, 1.0)
-        # nodes of 3, 6 or 7 GPUs: their power-of-two parts as classes (tp 2 and 4 fit) and, for a share of
-        # the target, the whole nodes (a stage of dp 6, fewer classes for the mixed pipelines); not on large
-        # clusters, whose search needs all of the target
-        runs = [(parts, self._plan(cluster, model, job, cost_model, budget, deadline, parts, share))
-                for parts, share in ((True, 1 - self.whole_share), (False, self.whole_share))]
+        if not has_odd_nodes(cluster) or not 0 < self.parts_share < 1:
+            return self._plan(cluster, model, job, cost_model, budget, deadline, self.parts_share > 0, 1.0)
+        if len(cluster.devices) > self.parts_max_gpus:  # a large cluster's search needs all of the target
+            return self._plan(cluster, model, job, cost_model, budget, deadline, False, 1.0)
+        # nodes of 3, 6 or 7 GPUs: first a quick pass (its floor, screens and first prices; no refinement) over
+        # their power-of-two parts as classes (tp 2 and 4 fit a node of 7), then the search over whole nodes (a
+        # stage of dp 6, fewer classes for mixed pipelines) with the rest of the target; the faster plan wins
+        parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, self.parts_share, fallback=False)
+        rest = max(0.75, 1 - parts.stats.notes.get("work_s", 0.0) / self.target_s)
+        whole = self._plan(cluster, model, job, cost_model, budget, deadline, False, rest, fallback=not parts.plans)
+        if not parts.plans and not whole.plans:  # nothing fits whole nodes: every part template, while time lasts
+            parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, 1.0)
+        runs = [(True, parts), (False, whole)]
         ranked = sorted(((t, p) for _, r in runs for p, t in zip(r.plans, r.scores)), key=lambda x: x[0])
         stats = runs[0][1].stats
         for _, r in runs[1:]:
@@ -97,8 +103,9 @@ class ArachnePlanner:
         return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], stats)
 
     def _plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel, budget: SearchBudget,
-              deadline: Deadline, parts: bool, share: float) -> PlannerResult:
-        """One search over the cluster's classes (``parts``: odd nodes by parts) with ``share`` of the target."""
+              deadline: Deadline, parts: bool, share: float, fallback: bool = True) -> PlannerResult:
+        """One search over the cluster's classes (``parts``: odd nodes by parts) with ``share`` of the target;
+        ``fallback``: where nothing fits, the priced teacher and then every template while the budget lasts."""
         full_target = min(self.target_s * share, deadline.remaining)
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
@@ -176,7 +183,7 @@ class ArachnePlanner:
             stats.notes["screened"] = len(screened)
             stats.timed_out = deadline.expired()
             best = pricer.best()
-            if best is None and mode != "random" and not deadline.expired():
+            if best is None and mode != "random" and fallback and not deadline.expired():
                 # memory is tight: the priced teacher, then the whole template space, while the budget lasts
                 teacher_search(ctx, pricer, self.teacher_beam, deadline)
                 best = pricer.best()
