@@ -27,6 +27,11 @@ stream_a() {
     run robustness$s-b20 $PY benchmarks/robustness.py --seed $s --budget 20 --planners arachne \
       --reuse results/robustness/seed$s-b20/runs.json --out results/robustness-r3/seed$s-b20
   done
+  for s in 100 101 102 103 104; do  # node sizes 1 to 8 (odd sizes too)
+    run robustness-odd$s $PY benchmarks/robustness.py --seed $s --node-sizes 1,2,3,4,5,6,7,8 --planners arachne \
+      --reuse results/robustness/odd$s/runs.json --out results/robustness-r3/odd$s
+  done
+  run robustness_summary_odd $PY benchmarks/robustness.py --summarize results/robustness-r3/odd10{0,1,2,3,4}/runs.json
   run robustness_summary012 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{0,1,2}/runs.json
   run robustness_summary34 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{3,4}/runs.json
   run robustness_summary5678 $PY benchmarks/robustness.py --summarize results/robustness-r3/seed{5,6,7,8}/runs.json
