@@ -221,7 +221,7 @@ def memory_shortfall_message(cluster: Cluster, model: ModelSpec, job: Job, plann
                 f"cluster has {have / 1e9:.0f} GB in total (short by {(need - have) / 1e9:.0f} GB)")
     why = f"; {closest}" if closest else ""
     budget = " within the time budget" if timed_out else ""
-    return (f"no plan found by {planner}{budget} fits in memory: the model state needs {need / 1e9:.0f} GB of the "
+    return (f"{planner} found no plan that fits in memory{budget}: the model state needs {need / 1e9:.0f} GB of the "
             f"cluster's {have / 1e9:.0f} GB, but no layout it tried keeps every GPU under its capacity with "
             f"activations for micro-batches of {job.sequence_length} tokens{why}")
 

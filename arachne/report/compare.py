@@ -169,7 +169,9 @@ def compare_table(rows: list[CompareRow], title: str) -> Table:
 
 
 def _short(error: str | None, width: int = 60) -> str:
-    text = (error or "no plan").replace("no plan found by", "no fit:")
+    text = error or "no plan"
+    _, found, why = text.partition(" found no plan that fits in memory")
+    text = "no fit" + why if found else text
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
