@@ -49,7 +49,7 @@ class ArachnePlanner:
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
                  ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
-                 parts_share: float = 0.001, parts_max_gpus: int = 512):
+                 parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -74,6 +74,7 @@ class ArachnePlanner:
         self.depth_rule = depth_rule  # each class alone at the depths a quick guess rates best (depth_states)
         self.parts_share = parts_share  # of the target, odd-sized nodes by parts (0: whole nodes only, 1: parts)
         self.parts_max_gpus = parts_max_gpus  # ... on clusters of at most this many GPUs (above: whole nodes)
+        self.whole_min_share = whole_min_share  # of the target, for whole nodes after the pass by parts, at least
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -86,7 +87,7 @@ class ArachnePlanner:
         # their power-of-two parts as classes (tp 2 and 4 fit a node of 7), then the search over whole nodes (a
         # stage of dp 6, fewer classes for mixed pipelines) with the rest of the target; the faster plan wins
         parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, self.parts_share, fallback=False)
-        rest = max(0.75, 1 - parts.stats.notes.get("work_s", 0.0) / self.target_s)
+        rest = max(self.whole_min_share, 1 - parts.stats.notes.get("work_s", 0.0) / self.target_s)
         whole = self._plan(cluster, model, job, cost_model, budget, deadline, False, rest, fallback=not parts.plans)
         if not parts.plans and not whole.plans:  # nothing fits whole nodes: every part template, while time lasts
             parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, 1.0)
