@@ -22,7 +22,7 @@ PLANS = sorted((EXAMPLES / "plans").glob("*.json"))
 README = EXAMPLES / "README.md"
 
 EXPECTED_CLUSTERS = {"a100-v100-cloud", "h100-a100-l4", "rtx-lab", "datacenter-1000", "sailor-clariden-gh200",
-                     "sailor-mit-rtx", "small-mixed"}
+                     "sailor-mit-rtx", "small-mixed", "h100-lost-gpus"}
 
 
 @lru_cache(maxsize=None)
