@@ -91,15 +91,13 @@ class ArachnePlanner:
         whole = self._plan(cluster, model, job, cost_model, budget, deadline, False, rest, fallback=not parts.plans)
         if not parts.plans and not whole.plans:  # nothing fits whole nodes: every part template, while time lasts
             parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, 1.0)
-        runs = [(True, parts), (False, whole)]
-        ranked = sorted(((t, p) for _, r in runs for p, t in zip(r.plans, r.scores)), key=lambda x: x[0])
-        stats = runs[0][1].stats
-        for _, r in runs[1:]:
-            stats.candidates += r.stats.candidates
-            stats.timed_out = stats.timed_out or r.stats.timed_out
-            stats.notes["work_s"] = round(stats.notes.get("work_s", 0.0) + r.stats.notes.get("work_s", 0.0), 3)
-        stats.notes["node_views"] = {("parts" if parts else "whole"): r.scores[0] if r.scores else None
-                                     for parts, r in runs}
+        stats = parts.stats
+        stats.candidates += whole.stats.candidates
+        stats.timed_out = stats.timed_out or whole.stats.timed_out
+        stats.notes["work_s"] = round(stats.notes.get("work_s", 0.0) + whole.stats.notes.get("work_s", 0.0), 3)
+        stats.notes["node_views"] = {name: r.scores[0] if r.scores else None
+                                     for name, r in (("parts", parts), ("whole", whole))}
+        ranked = sorted(zip(parts.scores + whole.scores, parts.plans + whole.plans), key=lambda x: x[0])
         ranked = ranked[: max(1, budget.top_k)]
         return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], stats)
 
