@@ -546,8 +546,11 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
                     pricer.price_state(cand)
         # first, each wide tp group at half the tp and twice the dp (one price per class, where a large
         # cluster's unused classes have many options each and can use up the time before them)
-        used = [ci for ci, a in enumerate(best.actions) if a.kind != "skip" and a.tp >= 4]
-        for ci, halve_tp in [(ci, True) for ci in used] + [(ci, False) for ci in range(len(classes))]:
+        used = [ci for ci, a in enumerate(best.actions) if a.kind != "skip"]
+        # then one class at a time, the classes in use first (an unused slow class's many options can use up
+        # the time before a used class's regrouping: odd105/rob-019)
+        order = used + [ci for ci in range(len(classes)) if ci not in used]
+        for ci, halve_tp in [(ci, True) for ci in used if best.actions[ci].tp >= 4] + [(ci, False) for ci in order]:
             if deadline.expired():
                 return best
             cur = best.actions[ci]
