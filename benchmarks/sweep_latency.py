@@ -16,12 +16,12 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 from arachne_eval import table, write
+from robustness import read_runs
 
 from arachne.cost import CostModel
 from arachne.planners.base import SearchBudget, run_planner
@@ -40,7 +40,7 @@ def main() -> None:
     rows = []
     for path in args.runs:
         seen = set()
-        for r in json.loads(path.read_text())["runs"]:
+        for r in read_runs(path)["runs"]:
             if r["planner"] != "arachne" or r["case"] in seen or not r["tokens_per_s"]:
                 continue
             seen.add(r["case"])
