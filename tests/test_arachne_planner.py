@@ -87,6 +87,49 @@ def test_send_split_is_contiguous_and_no_slower(shares):
     assert slowest(split) <= slowest(plain[0]) * (1 + 1e-3)
 
 
+def synthetic_profile(times, mem, cap, emb=0.3, head=0.5):
+    from arachne.planners.completion import SlotProfile
+
+    zeros = np.zeros(len(times) + 1)
+    return SlotProfile(np.concatenate([[0.0], np.cumsum(times)]), emb, head, 1.0,
+                       np.concatenate([[0.0], np.cumsum(mem)]), zeros, 0.5, 0.0, 0.5, cap)
+
+
+def brute_force_split(profiles, L, extra):
+    """The least bottleneck over every contiguous split that fits, by exhaustive search."""
+    from itertools import combinations
+
+    S, best = len(profiles), None
+    for cuts in combinations(range(1, L), S - 1):
+        bounds = list(zip((0, *cuts), (*cuts, L)))
+        if any(p.memory(a, z, i == 0, i == S - 1, 1) > p.capacity for i, (p, (a, z)) in enumerate(zip(profiles, bounds))):
+            continue
+        worst = max(p.time(a, z, i == 0, i == S - 1) + x for i, (p, (a, z), x) in enumerate(zip(profiles, bounds, extra)))
+        best = worst if best is None else min(best, worst)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.integers(1, 4), hst.integers(4, 10), hst.randoms(use_true_random=False), hst.booleans())
+def test_split_finds_the_least_bottleneck(S, L, rnd, with_sends):
+    # heterogeneous stages with uneven layers and tight memory: the split's bottleneck is the exhaustive
+    # optimum (to 1e-4), and each stage of it fits
+    profiles = [synthetic_profile([rnd.uniform(0.5, 2.0) * k for _ in range(L)], [rnd.uniform(0.5, 1.5) for _ in range(L)],
+                                  rnd.uniform(2.5, 3.0 + L)) for k in (rnd.uniform(0.5, 3.0) for _ in range(S))]
+    sends = [rnd.uniform(0.0, 2.0) for _ in range(S)] if with_sends and S > 1 else None
+    extra = sends or [0.0] * S
+    r = split_layers(profiles, L, 1, sends=sends)
+    best = brute_force_split(profiles, L, extra)
+    assert (r is None) == (best is None)
+    if r is None:
+        return
+    split, T = r
+    assert split[0][0] == 0 and split[-1][1] == L and all(split[i][1] == split[i + 1][0] for i in range(S - 1))
+    worst = max(p.time(a, z, i == 0, i == S - 1) + x for i, (p, (a, z), x) in enumerate(zip(profiles, split, extra)))
+    assert worst == pytest.approx(T, rel=1e-9) and worst <= best * (1 + 1e-4)
+    assert all(p.memory(a, z, i == 0, i == S - 1, 1) <= p.capacity for i, (p, (a, z)) in enumerate(zip(profiles, split)))
+
+
 def test_send_balancing_speeds_up_pipelines_over_slow_links():
     # two nodes of two GPUs on a slow network: the middle boundary's sends occupy stages 1 and 2
     slow = cluster_from_dict({"name": "slow", "nodes": [
@@ -999,3 +1042,38 @@ def test_refinement_moves_the_classes_in_use_before_the_unused_ones():
     first_unused = next(i for i, st in enumerate(seen) if st.mix_replicas == 4 and st.actions[0] != skip)
     regrouped = State(4, (skip, Action("mix", 1, 2, 1, 7, 4), Action("mix", 4, 1, 1, 1, 4)))
     assert regrouped in seen[:first_unused]
+
+
+def a40_a10_t4_cluster():
+    """seed2/rob-013: 14 two-GPU nodes of a features-only A40, 40 single A10s and 21 single T4s."""
+    return cluster_from_dict({"name": "j", "gpu_types": [
+        {"name": "A40-48GB-c0", "memory_gb": 48, "peak_tflops": 149.7, "memory_bandwidth_gbps": 696,
+         "intra_node_gbps": 64, "inter_node_gbps": 12.5, "intra_node_link": "pcie", "gpus_per_node": 4}],
+        "nodes": [{"name": "a{i}", "count": 14, "gpu": "A40-48GB-c0", "gpus_per_node": 2},
+                  {"name": "t{i}", "count": 21, "gpu": "T4", "gpus_per_node": 1},
+                  {"name": "g{i}", "count": 40, "gpu": "A10", "gpus_per_node": 1}]})
+
+
+def test_joint_depth_state_gives_every_class_its_own_depth():
+    from arachne.planners.arachne.search import Pricer, floor_states, joint_depth_state
+
+    # LLaMA-2-13B fits on the T4s only when the other classes' replicas shard the optimizer state too,
+    # and the fewest stages that fit (the floor's all-classes template) are not the best depth for any class
+    ctx = ctx_for("LLaMA-2-13B", gbs=1024, seq=1024, cluster=a40_a10_t4_cluster())
+    st = joint_depth_state(ctx)
+    assert st is not None and all(a.kind == "own" and a.stages >= 4 for a in st.actions)
+    pricer = Pricer(ctx)
+    core, _ = floor_states(ctx, pricer, price=False)
+    assert pricer.price_state(st) > 1.1 * max(pricer.price_state(s) for s in core)
+    moe = ctx_for("Mixtral-8x7B", gbs=1024, seq=1024, cluster=a40_a10_t4_cluster())
+    assert joint_depth_state(moe) is None  # its dp 1 pipelines would hold every expert on every GPU
+
+
+@pytest.mark.parametrize("options", [{"lead_first": True}, {"target_s": 2.0}])
+def test_the_planner_finds_the_joint_depths(options):
+    # screened first in the default pass (lead_first), or priced first in a longer target's extension
+    ctx = ctx_for("LLaMA-2-13B", gbs=1024, seq=1024, cluster=a40_a10_t4_cluster())
+    plan, est, _ = run_planner("arachne", ctx.cluster, ctx.model, ctx.job, ctx.cost_model, **options)
+    assert est.tokens_per_s > 64_000  # 58,493 with mixed pipelines before the joint-depth rule
+    types = [{ctx.cluster.devices[d].node.gpu.name for s in p.stages for d in s.devices} for p in plan.pipelines]
+    assert all(len(t) == 1 for t in types) and len(set.union(*types)) == 3  # every class in its own pipelines

@@ -174,8 +174,12 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
         return None
     inflight = [min(S - s, m) for s in range(S)]
     extra = sends if sends is not None and any(sends) else [0.0] * S
+    inf = float("inf")
+    # after a failed fill: the smallest limit T (C, when C is the limit searched) at which the greedy fill
+    # would place one layer differently; below it, every fill fails the same way
+    change = [inf, inf]
 
-    def fill(T: float, C: float = float("inf")) -> list[tuple[int, int]] | None:
+    def fill(T: float, C: float = inf) -> list[tuple[int, int]] | None:
         if work is not None:
             work.fill_stages += S
         out, a = [], 0
@@ -184,12 +188,12 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
             cap = min(T - extra[s], C)
             if last:
                 if p.time(a, L, first, last) > cap or p.memory(a, L, first, last, inflight[s]) > p.capacity:
-                    return None
+                    return failed(T, out, (a, L))
                 out.append((a, L))
                 return out
             lo, hi = a + 1, L - (S - 1 - s)
             if p.time(a, lo, first, False) > cap or p.memory(a, lo, first, False, inflight[s]) > p.capacity:
-                return None
+                return failed(T, out, (a, lo))
             while lo < hi:  # largest z with time and memory within limits
                 mid = (lo + hi + 1) // 2
                 if p.time(a, mid, first, False) <= cap and p.memory(a, mid, first, False, inflight[s]) <= p.capacity:
@@ -200,30 +204,58 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
             a = lo
         return out
 
-    hi_t = max(p.time(0, L, True, True) + x for p, x in zip(profiles, extra))
-    best = fill(hi_t)
+    def failed(T: float, placed: list[tuple[int, int]], stuck: tuple[int, int]) -> None:
+        """Record in ``change`` where a fill that failed would first place a layer differently: each placed
+        stage one layer longer, or the stage that did not fit as it is, once its cap reaches the time."""
+        change[0] = change[1] = inf
+        grown = [(s, a, z + 1) for s, (a, z) in enumerate(placed) if z + 1 <= L - (S - 1 - s)]
+        for s, a, z in grown + [(len(placed), *stuck)]:
+            p, first, last = profiles[s], s == 0, z == L
+            if p.memory(a, z, first, last, inflight[s]) <= p.capacity:
+                t = p.time(a, z, first, last)
+                change[0] = min(change[0], t + extra[s])
+                if T - extra[s] >= t:
+                    change[1] = min(change[1], t)
+        return None
+
+    def compute(split: list[tuple[int, int]]) -> float:
+        return max(p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profiles, split)))
+
+    def slowest(split: list[tuple[int, int]]) -> float:
+        return max(p.time(a, z, i == 0, i == S - 1) + x
+                   for i, (p, (a, z), x) in enumerate(zip(profiles, split, extra)))
+
+    best = fill(max(p.time(0, L, True, True) + x for p, x in zip(profiles, extra)))
     if best is None:
         return None
-    hi_t, best = _bisect(fill, hi_t, best)
+    hi_t, best = _bisect(fill, slowest(best), best, slowest, lambda: change[0])
+    slack = hi_t * (1 + 1e-4)  # the bottleneck's tolerance: the greedy fill there loads early stages fully
     if extra is not sends:
-        return best, hi_t
-    hi_c = max(p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profiles, best)))
-    _, best = _bisect(lambda c: fill(hi_t, c), hi_c, best)
-    return best, hi_t
+        best = fill(slack) or best
+        return best, slowest(best)
+    _, best = _bisect(lambda c: fill(slack, c), compute(best), best, compute, lambda: change[1])
+    return best, slowest(best)
 
 
-def _bisect(fill, hi: float, best: list) -> tuple[float, list]:
-    """The smallest limit (to 1e-4) at which ``fill`` still succeeds, from a limit ``hi`` that does."""
-    lo = 0.0
+def _bisect(fill, hi: float, best: list, measure, change) -> tuple[float, list]:
+    """The smallest limit (to 1e-4) at which ``fill`` still succeeds, from a limit ``hi`` that does. A limit
+    that succeeds drops to what its split ``measure``s (a greedy fill succeeds there too); after a limit
+    that fails, the next try is at least where the fill would ``change`` (below that it fails the same way),
+    and no change below ``hi`` means ``hi`` is the least. A few fills instead of a dozen or more."""
+    lo, floor = 0.0, 0.0
     for _ in range(40):
-        mid = (lo + hi) / 2
-        r = fill(mid)
-        if r is None:
-            lo = mid
-        else:
-            hi, best = mid, r
         if hi - lo <= 1e-4 * hi:
             break
+        mid = max((lo + hi) / 2, floor)
+        if mid >= hi:
+            break
+        r = fill(mid)
+        if r is None:
+            lo, floor = mid, change()
+            if floor >= hi:
+                break
+        else:
+            hi, best = min(mid, measure(r)), r
     return hi, best
 
 

@@ -49,7 +49,8 @@ class ArachnePlanner:
                  policy_share: float = 0.2, min_screened: int = 8, floor_k: int = 0,
                  ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
-                 parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5):
+                 parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5,
+                 lead_first: bool = False):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -75,6 +76,9 @@ class ArachnePlanner:
         self.parts_share = parts_share  # of the target, odd-sized nodes by parts (0: whole nodes only, 1: parts)
         self.parts_max_gpus = parts_max_gpus  # ... on clusters of at most this many GPUs (above: whole nodes)
         self.whole_min_share = whole_min_share  # of the target, for whole nodes after the pass by parts, at least
+        # the rule pool's lead (all classes at their joint depths) screened first in the default pass; off, it
+        # is priced first in a longer target's extension (in the default pass it cost more than it found)
+        self.lead_first = lead_first
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -135,9 +139,10 @@ class ArachnePlanner:
                 proposed = random_states(ctx, self.k, budget.seed)
             core: list[State] = []
             mixed: list[State] = []
+            lead: list[State] = []
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
                 depth = self.depth_rule and mode == "policy" and not self.rank_k
-                core, mixed = rule_pool(ctx, pricer, deadline, self.floor_actions, depth)
+                core, mixed, lead = rule_pool(ctx, pricer, deadline, self.floor_actions, depth)
                 if mode == "floor" and self.floor_k:  # the ablation's equal-size rule arm: the first k rules
                     core, mixed = core[: self.floor_k], mixed[: max(0, self.floor_k - len(core))]
             if mode == "teacher":
@@ -169,7 +174,7 @@ class ArachnePlanner:
                 rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
             screen_until = run.child(target * self.screen_share - run.elapsed)
             screened = []
-            for i, st in enumerate(rest):
+            for i, st in enumerate((lead if self.lead_first else []) + rest):
                 if stop(screen_until if i >= self.min_screened else None):
                     break
                 screened.append((pricer.screen_state(st), st))
@@ -212,7 +217,7 @@ class ArachnePlanner:
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - run.elapsed, 3)
                 end = full_target * (1 - self.polish_share) if self.use_polish else full_target
-                self._extend(ctx, pricer, screened, run.child(end - run.elapsed))
+                self._extend(ctx, pricer, screened, run.child(end - run.elapsed), lead)
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
         ranked = sorted(pricer.results() + polished,  # distinct plans, fastest first
                         key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
@@ -239,10 +244,14 @@ class ArachnePlanner:
                 polished = polished + [better]
         return polished
 
-    def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline) -> None:
-        """Time beyond the default target: price the rest of the screened templates in full (best screened
-        first), a wider priced teacher, then refinement from each of the three best templates."""
+    def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline,
+                lead: list[State]) -> None:
+        """Time beyond the default target: the lead templates (when the default pass left them out) and the
+        rest of the screened templates priced in full (best screened first), a wider priced teacher, then
+        refinement from each of the three best templates."""
         share = until.child(until.remaining * 0.4)
+        for st in [] if self.lead_first else lead:
+            pricer.price_state(st)
         for v, st in screened:
             if v <= 0 or share.expired():
                 break

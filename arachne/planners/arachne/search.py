@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import zip_longest
+from typing import NamedTuple
 
 import numpy as np
 
@@ -263,14 +264,18 @@ def deeper_states(ctx: PlanningContext, best_own: list[Action]) -> list[State]:
     return out
 
 
-def depth_actions(ctx: PlanningContext, ci: int, per_class: int = 2, shortlist: int = 4) -> list[Action]:
+def depth_actions(ctx: PlanningContext, ci: int, per_class: int = 2, shortlist: int = 4, gbs: int = 0,
+                  zero_extra: int = 0) -> list[Action]:
     """Homogeneous pipelines of class ``ci`` (tp 1 or the largest in-node tp) at the ``per_class`` depths a
     quick guess rates fastest: micro-batches at the slowest stage's time, the fill at the mean, plus the
     gradient all-reduce of a stage's share of the weights over the replicas. A small batch on many GPUs
     with a slow network trains fastest between the fewest stages that fit (every weight all-reduced) and
     the deepest (bubbles). Every depth is guessed with whole layers per stage; the ``shortlist`` best
-    per tp are split properly (the embedding and head make 16 stages of 32 layers uneven)."""
-    c, model, gbs = ctx.classes[ci], ctx.model, ctx.job.global_batch_size
+    per tp are split properly (the embedding and head make 16 stages of 32 layers uneven). ``gbs``: the
+    class's share of the batch (default all of it); ``zero_extra``: replicas elsewhere that shard the
+    optimizer state with this class's."""
+    c, model = ctx.classes[ci], ctx.model
+    gbs = gbs or ctx.job.global_batch_size
     L, k = model.num_layers, c.node_size
     net = ctx.cost_model.network
     grad_b = 4.0 if ctx.job.precision == "fp32" else 2.0
@@ -280,7 +285,7 @@ def depth_actions(ctx: PlanningContext, ci: int, per_class: int = 2, shortlist: 
     for tp in sorted({tps[0], tps[-1]}):
         def split(S: int) -> float | None:
             reps = c.count // (S * tp)
-            prof = ctx.slot_profile(ci, tp, 1, ep, 1, S, max(1, reps), False)
+            prof = ctx.slot_profile(ci, tp, 1, ep, 1, S, max(1, reps) + zero_extra, False)
             r = split_layers([prof] * S, L, max(1, gbs // max(1, reps)), ctx.work)
             return None if r is None else r[1]
 
@@ -313,15 +318,49 @@ def depth_states(ctx: PlanningContext, per_class: int = 2) -> list[State]:
             for a in depth_actions(ctx, ci, per_class)]
 
 
+def joint_depth_state(ctx: PlanningContext) -> State | None:
+    """All classes together, each in homogeneous pipelines at the depth :func:`depth_actions` rates best
+    for its share of the batch (in proportion to its speed). A class that fits only with the others'
+    replicas sharding the optimizer state (T4s beside A40s and A10s for a 13B model) is guessed again with
+    them. The fewest stages that fit are rarely the best depth for every class at once (seed2/rob-013:
+    +13%). Dense models only: depth_actions keeps dp 1, so experts would not be sharded at all."""
+    n, L = len(ctx.classes), ctx.model.num_layers
+    if n < 2 or ctx.model.is_moe:
+        return None
+    speed = [c.count / max(ctx.slot_profile(ci, 1, 1, 1, 1, 2, 1, False).time(0, L, False, False), 1e-12)
+             for ci, c in enumerate(ctx.classes)]
+    share = [max(1, round(ctx.job.global_batch_size * v / sum(speed))) for v in speed]
+    acts = [next(iter(depth_actions(ctx, ci, 1, gbs=share[ci])), None) for ci in range(n)]
+    others = sum(a.replicas for a in acts if a is not None)
+    acts = [a or next(iter(depth_actions(ctx, ci, 1, gbs=share[ci], zero_extra=others)), None)
+            for ci, a in enumerate(acts)]
+    if sum(a is not None for a in acts) < 2:
+        return None
+    return State(0, tuple(a or Action("skip") for a in acts))
+
+
+class RulePool(NamedTuple):
+    """The rule templates the shipped planner starts from: ``core``, priced as is; ``lead``, screened ahead
+    of the rest; ``rest``, which joins the policy's proposals in the ranker's screening order."""
+
+    core: list[State]
+    rest: list[State]
+    lead: list[State]
+
+
 def rule_pool(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None, max_actions: int = 0,
-              depth: bool = True) -> tuple[list[State], list[State]]:
-    """The rule templates the shipped planner starts from, as (core, rest): the core is priced as is;
-    the rest (mixed rules, deeper pipelines and, with ``depth``, :func:`depth_states`) joins the policy's
-    proposals in the ranker's screening order. Planning and ranker training both build it here."""
+              depth: bool = True) -> RulePool:
+    """The core (:func:`floor_states`), the rest (mixed rules, deeper pipelines and, with ``depth``,
+    :func:`depth_states`) and, with ``depth``, the lead (:func:`joint_depth_state`). Planning and ranker
+    training both build it here."""
     core, mixed = floor_states(ctx, pricer, deadline, max_actions, price=False)
+    lead: list[State] = []
     if depth:
         mixed = mixed + [st for st in depth_states(ctx) if st not in core]
-    return core, mixed
+        joint = joint_depth_state(ctx)
+        if joint is not None and joint not in core:
+            lead.append(joint)
+    return RulePool(core, mixed, lead)
 
 
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:

@@ -42,7 +42,7 @@ def planner_pool(ctx: PlanningContext, policy: Policy | None, k: int, feats: Fea
     """The templates the planner orders before screening (:func:`ranked_pool` of the policy's proposals
     and the rule pool, as the shipped planner builds them), with their from-the-rules flags."""
     proposed = policy_search(ctx, policy, k, feats) if policy is not None else []
-    return ranked_pool(proposed, rule_pool(ctx, Pricer(ctx))[1])
+    return ranked_pool(proposed, rule_pool(ctx, Pricer(ctx)).rest)
 
 
 def rank_record(args: tuple[Problem, int]) -> Record | None:
