@@ -18,6 +18,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from arachne_eval import table, write
@@ -25,11 +26,24 @@ from robustness import read_runs
 
 from arachne.cost import CostModel
 from arachne.planners.base import SearchBudget, run_planner
-from arachne.spec.cluster import load_cluster
+from arachne.spec.cluster import Cluster, load_cluster
 from arachne.spec.job import Job
-from arachne.spec.model import model_catalog
+from arachne.spec.model import ModelSpec, model_catalog
 
 BANDS = ((1, 63), (64, 255), (256, 1024))
+
+
+def arachne_cases(paths: list[Path]) -> Iterator[tuple[Path, str, Cluster, ModelSpec, Job]]:
+    """The cases of stored sweeps where arachne found a plan, each once, from the sweep's command line."""
+    for path in paths:
+        seen = set()
+        for r in read_runs(path)["runs"]:
+            if r["planner"] != "arachne" or r["case"] in seen or not r["tokens_per_s"]:
+                continue
+            seen.add(r["case"])
+            opts = dict(zip(r["command"][2::2], r["command"][3::2]))
+            job = Job(global_batch_size=int(opts["--global-batch-size"]), sequence_length=int(opts["--sequence-length"]))
+            yield path, r["case"], load_cluster(opts["--cluster"]), model_catalog().get(opts["--model"]), job
 
 
 def main() -> None:
@@ -38,21 +52,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/sweep_latency"))
     args = ap.parse_args()
     rows = []
-    for path in args.runs:
-        seen = set()
-        for r in read_runs(path)["runs"]:
-            if r["planner"] != "arachne" or r["case"] in seen or not r["tokens_per_s"]:
-                continue
-            seen.add(r["case"])
-            opts = dict(zip(r["command"][2::2], r["command"][3::2]))
-            cl = load_cluster(opts["--cluster"])
-            job = Job(global_batch_size=int(opts["--global-batch-size"]), sequence_length=int(opts["--sequence-length"]))
-            t0 = time.perf_counter()
-            _, est, res = run_planner("arachne", cl, model_catalog().get(opts["--model"]), job, CostModel(cl),
-                                      SearchBudget(time_budget_s=5.0))
-            rows.append({"sweep": path.parent.name, "case": r["case"], "gpus": len(cl.devices),
-                         "wall_s": round(time.perf_counter() - t0, 3), "work_s": res.stats.notes.get("work_s"),
-                         "tokens_per_s": round(est.tokens_per_s)})
+    for path, case, cl, model, job in arachne_cases(args.runs):
+        t0 = time.perf_counter()
+        _, est, res = run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=5.0))
+        rows.append({"sweep": path.parent.name, "case": case, "gpus": len(cl.devices),
+                     "wall_s": round(time.perf_counter() - t0, 3), "work_s": res.stats.notes.get("work_s"),
+                     "tokens_per_s": round(est.tokens_per_s)})
     bands = []
     for lo, hi in BANDS:
         sel = [r["wall_s"] for r in rows if lo <= r["gpus"] <= hi]

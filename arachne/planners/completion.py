@@ -163,12 +163,13 @@ class PlanningContext:
 
 
 def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None = None,
-                 sends: list[float] | None = None) -> tuple[list[tuple[int, int]], float] | None:
+                 sends: list[float] | None = None,
+                 skip_ahead: bool = True) -> tuple[list[tuple[int, int]], float] | None:
     """Contiguous split minimising the slowest stage, each stage within its memory; None if none fits.
     ``work`` tallies the stages of every attempt (the work clock's unit). ``sends``: per stage, the time
     its blocking point-to-point sends occupy it per micro-batch; the slowest stage time then includes
     them (a stage behind a slow link gets fewer layers), and among the splits that reach it, compute is
-    balanced too."""
+    balanced too. ``skip_ahead=False``: plain bisection, for comparison (``benchmarks/split_speed.py``)."""
     S = len(profiles)
     if S > L:
         return None
@@ -208,6 +209,8 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
         """Record in ``change`` where a fill that failed would first place a layer differently: each placed
         stage one layer longer, or the stage that did not fit as it is, once its cap reaches the time."""
         change[0] = change[1] = inf
+        if not skip_ahead:
+            return None
         grown = [(s, a, z + 1) for s, (a, z) in enumerate(placed) if z + 1 <= L - (S - 1 - s)]
         for s, a, z in grown + [(len(placed), *stuck)]:
             p, first, last = profiles[s], s == 0, z == L
@@ -225,9 +228,15 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
         return max(p.time(a, z, i == 0, i == S - 1) + x
                    for i, (p, (a, z), x) in enumerate(zip(profiles, split, extra)))
 
-    best = fill(max(p.time(0, L, True, True) + x for p, x in zip(profiles, extra)))
+    hi_0 = max(p.time(0, L, True, True) + x for p, x in zip(profiles, extra))
+    best = fill(hi_0)
     if best is None:
         return None
+    if not skip_ahead:
+        hi_t, best = _bisect(fill, hi_0, best)
+        if extra is not sends:
+            return best, hi_t
+        return _bisect(lambda c: fill(hi_t, c), compute(best), best)[1], hi_t
     hi_t, best = _bisect(fill, slowest(best), best, slowest, lambda: change[0])
     slack = hi_t * (1 + 1e-4)  # the bottleneck's tolerance: the greedy fill there loads early stages fully
     if extra is not sends:
@@ -237,11 +246,12 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
     return best, slowest(best)
 
 
-def _bisect(fill, hi: float, best: list, measure, change) -> tuple[float, list]:
+def _bisect(fill, hi: float, best: list, measure=None, change=None) -> tuple[float, list]:
     """The smallest limit (to 1e-4) at which ``fill`` still succeeds, from a limit ``hi`` that does. A limit
     that succeeds drops to what its split ``measure``s (a greedy fill succeeds there too); after a limit
     that fails, the next try is at least where the fill would ``change`` (below that it fails the same way),
-    and no change below ``hi`` means ``hi`` is the least. A few fills instead of a dozen or more."""
+    and no change below ``hi`` means ``hi`` is the least. A few fills instead of a dozen or more.
+    Without ``measure`` and ``change``: plain bisection."""
     lo, floor = 0.0, 0.0
     for _ in range(40):
         if hi - lo <= 1e-4 * hi:
@@ -251,11 +261,13 @@ def _bisect(fill, hi: float, best: list, measure, change) -> tuple[float, list]:
             break
         r = fill(mid)
         if r is None:
-            lo, floor = mid, change()
-            if floor >= hi:
-                break
+            lo = mid
+            if change is not None:
+                floor = change()
+                if floor >= hi:
+                    break
         else:
-            hi, best = min(mid, measure(r)), r
+            hi, best = (min(mid, measure(r)) if measure else mid), r
     return hi, best
 
 
