@@ -34,7 +34,8 @@ BANDS = ((1, 63), (64, 255), (256, 1024))
 
 
 def arachne_cases(paths: list[Path]) -> Iterator[tuple[Path, str, Cluster, ModelSpec, Job]]:
-    """The cases of stored sweeps where arachne found a plan, each once, from the sweep's command line."""
+    """The cases of stored sweeps where arachne found a plan, each once: the cluster saved beside runs.json,
+    the model and job from the sweep's command line."""
     for path in paths:
         seen = set()
         for r in read_runs(path)["runs"]:
@@ -43,7 +44,8 @@ def arachne_cases(paths: list[Path]) -> Iterator[tuple[Path, str, Cluster, Model
             seen.add(r["case"])
             opts = dict(zip(r["command"][2::2], r["command"][3::2]))
             job = Job(global_batch_size=int(opts["--global-batch-size"]), sequence_length=int(opts["--sequence-length"]))
-            yield path, r["case"], load_cluster(opts["--cluster"]), model_catalog().get(opts["--model"]), job
+            cluster = load_cluster(path.parent / "clusters" / f"{r['case']}.yaml")  # beside runs.json, wherever it moved
+            yield path, r["case"], cluster, model_catalog().get(opts["--model"]), job
 
 
 def main() -> None:
