@@ -340,8 +340,9 @@ def joint_depth_state(ctx: PlanningContext) -> State | None:
 
 
 class RulePool(NamedTuple):
-    """The rule templates the shipped planner starts from: ``core``, priced as is; ``lead``, screened ahead
-    of the rest; ``rest``, which joins the policy's proposals in the ranker's screening order."""
+    """The rule templates the shipped planner starts from: ``core``, priced as is; ``rest``, which joins the
+    policy's proposals in the ranker's screening order; ``lead``, priced first when a longer target extends
+    the search (or, with ``ArachnePlanner(lead_first=True)``, screened ahead of the rest)."""
 
     core: list[State]
     rest: list[State]
