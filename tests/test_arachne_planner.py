@@ -1122,3 +1122,36 @@ def test_split_is_exact_on_real_profiles(model):
         assert r is None or r[1] <= best * (1 + 1e-4)
         fitted += r is not None
     assert fitted
+
+
+def h100_h800_t4_cluster():
+    """odd108/rob-001: one node each of H100, H800 and T4 (the T4 node on 3 Gb/s)."""
+    return cluster_from_dict({"name": "h", "nodes": [
+        {"name": "h800-{i}", "count": 1, "gpu": "H800"},
+        {"name": "t4-{i}", "count": 1, "gpu": "T4", "gpus_per_node": 8, "inter_node_gbps": 3.125},
+        {"name": "h100-{i}", "count": 1, "gpu": "H100", "gpus_per_node": 8}]})
+
+
+def test_a_head_bound_pipeline_gets_a_wider_last_stage():
+    from arachne.planners.completion import head_bound, wide_head
+
+    # DeepSeek-MoE-16B's head (a 102,400-token vocabulary) outweighs two blocks: in 16 one-GPU stages the
+    # last one holds one block and the head and sets the pace; merged into one stage at tp 2 it does not
+    ctx = ctx_for("DeepSeek-MoE-16B", gbs=128, seq=512, cluster=h100_h800_t4_cluster())
+    h100, h800 = (next(c.index for c in ctx.classes if c.gpu.name.startswith(n)) for n in ("H100", "H800"))
+    tpl = Template((Group(tuple(Slot(h100, 1) for _ in range(8)) + tuple(Slot(h800, 1) for _ in range(8)), 1),))
+    wide = wide_head(tpl, ctx)
+    assert wide.groups[0].slots == tpl.groups[0].slots[:-2] + (Slot(h800, 2),)
+    assert wide_head(Template((Group((Slot(h100, 1), Slot(h800, 1)), 1),)), ctx) is None  # two stages: no tail
+    plain = price_template(tpl, ctx, heads=False)
+    assert head_bound(plain[1])
+    plan, est = price_template(tpl, ctx)
+    assert est.tokens_per_s > 1.2 * plain[1].tokens_per_s
+    last = plan.pipelines[0].stages[-1]
+    assert last.tp == 2 and last.layers[1] - last.layers[0] == 1
+
+
+def test_the_planner_widens_the_head_stage():
+    ctx = ctx_for("DeepSeek-MoE-16B", gbs=128, seq=512, cluster=h100_h800_t4_cluster())
+    _, est, _ = run_planner("arachne", ctx.cluster, ctx.model, ctx.job, ctx.cost_model)
+    assert est.tokens_per_s > 212_397  # Sailor's plan; arachne had 203,203 (two stages of dp 8 x ep 8)

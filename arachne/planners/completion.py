@@ -19,7 +19,15 @@ from arachne.cost import CostModel, Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Plan, Stage
-from arachne.planners.arachne.template import DeviceClass, Group, Slot, Template, device_classes, pool_classes
+from arachne.planners.arachne.template import (
+    DeviceClass,
+    Group,
+    Slot,
+    Template,
+    device_classes,
+    pool_classes,
+    tp_options,
+)
 from arachne.planners.work import Work
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
@@ -33,26 +41,32 @@ ALT_WITHIN = 0.8  # ... and templates priced below this share of the fastest pla
 
 @dataclass
 class SlotProfile:
-    """Per-layer time (fwd+bwd per micro-batch, TP traffic included) and a linear memory model."""
+    """Per-layer time (fwd+bwd per micro-batch, TP traffic included) and a linear memory model. The prefix
+    sums are kept as lists of floats: the layer split reads them hundreds of thousands of times per plan,
+    and a list index is several times cheaper than a numpy scalar's (the values are the same doubles)."""
 
-    time_prefix: np.ndarray
+    time_prefix: list[float]
     emb: float
     head: float
     mem_fixed: float
-    mem_param_prefix: np.ndarray
-    mem_act_prefix: np.ndarray
+    mem_param_prefix: list[float]
+    mem_act_prefix: list[float]
     mem_first_param: float
     mem_first_act: float
     mem_last: float
     capacity: float
 
+    def __post_init__(self) -> None:
+        for name in ("time_prefix", "mem_param_prefix", "mem_act_prefix"):
+            setattr(self, name, np.asarray(getattr(self, name), dtype=float).tolist())
+
     def time(self, a: int, z: int, first: bool, last: bool) -> float:
-        t = float(self.time_prefix[z] - self.time_prefix[a])
+        t = self.time_prefix[z] - self.time_prefix[a]
         return t + (self.emb if first else 0.0) + (self.head if last else 0.0)
 
     def memory(self, a: int, z: int, first: bool, last: bool, in_flight: int) -> float:
-        m = self.mem_fixed + float(self.mem_param_prefix[z] - self.mem_param_prefix[a])
-        m += in_flight * float(self.mem_act_prefix[z] - self.mem_act_prefix[a])
+        m = self.mem_fixed + (self.mem_param_prefix[z] - self.mem_param_prefix[a])
+        m += in_flight * (self.mem_act_prefix[z] - self.mem_act_prefix[a])
         if first:
             m += self.mem_first_param + in_flight * self.mem_first_act
         if last:
@@ -580,13 +594,15 @@ def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = F
 
 
 def price_template(template: Template, ctx: PlanningContext, mbs_options: list[int] | None = None,
-                   max_priced: int | None = 2, screen: bool = False) -> tuple[Plan, Estimate] | None:
+                   max_priced: int | None = 2, screen: bool = False,
+                   heads: bool = True) -> tuple[Plan, Estimate] | None:
     """Complete the template at every candidate micro-batch size, price the ``max_priced`` most promising
     (by the completion's own time model; all when None) with the cost model, on each placement and
     class order, with recomputation only where memory demands it; the fastest plan that fits, or None.
 
     ``screen``: a cheap first look (a few times cheaper): the most promising micro-batch size only, the
-    reversed class order only if the first does not fit."""
+    reversed class order only if the first does not fit. With ``heads``, a plan whose pace is set by a
+    one-layer last stage (the head) is priced again with a wider last stage (:func:`wide_head`)."""
     if screen:
         ctx.work.screens += 1
     else:
@@ -599,9 +615,46 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
         r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced, alt_splits=not screen)
         if r is not None and (best is None or r[1].iteration_time_s < best[1].iteration_time_s):
             best = r
+    if best is not None and heads and not screen and head_bound(best[1]):
+        wide = wide_head(template, ctx)
+        r = price_template(wide, ctx, mbs_options, max_priced, heads=False) if wide is not None else None
+        if r is not None and r[1].iteration_time_s < best[1].iteration_time_s:
+            best = r
     if best is not None:
         ctx.best_tok_s = max(ctx.best_tok_s, best[1].tokens_per_s)
     return best
+
+
+HEAD_BOUND = 1.25  # a one-layer last stage this much slower than its pipeline's other stages is worth widening
+
+
+def head_bound(est: Estimate) -> bool:
+    """Whether some pipeline's last stage holds one layer and is ``HEAD_BOUND`` times slower than any other
+    stage of it: the head (a large vocabulary's projection) sets the pace, and no split can move it."""
+    last: dict[int, object] = {}
+    others: dict[int, float] = {}
+    for st in est.stages:
+        if st.pipeline in last:
+            others[st.pipeline] = max(others.get(st.pipeline, 0.0), last[st.pipeline].compute_s)
+        last[st.pipeline] = st
+    return any(st.layers[1] - st.layers[0] == 1 and st.stage >= 2 and st.compute_s >= HEAD_BOUND * others[pi]
+               for pi, st in last.items())
+
+
+def wide_head(template: Template, ctx: PlanningContext) -> Template | None:
+    """The template with each group's last two stages, where they are alike, merged into one stage of twice
+    the tensor parallelism: the same GPUs, one stage fewer, the head's stage twice as fast (Sailor's plan
+    for DeepSeek-MoE-16B on an H100 and an H800 node: 14 one-GPU stages, then the last layer and the head
+    at tp 2). None if no group has such a tail."""
+    groups, changed = [], False
+    for g in template.groups:
+        a, b = (g.slots[-2], g.slots[-1]) if len(g.slots) >= 3 else (None, None)
+        if a is not None and a == b and 2 * b.tp in tp_options(ctx.model, ctx.classes[b.cls].node_size):
+            groups.append(Group(g.slots[:-2] + (Slot(b.cls, 2 * b.tp, b.dp, b.ep, b.pool),), g.replicas))
+            changed = True
+        else:
+            groups.append(g)
+    return Template(tuple(groups)) if changed else None
 
 
 def stage_orders(template: Template, classes: list[DeviceClass] | None = None) -> list[Template]:
