@@ -43,11 +43,12 @@ WORK_FIELDS = tuple(f.name for f in fields(Work))
 
 # seconds per unit of each Work field, fitted by ``python benchmarks/work_clock.py fit`` ("sends", added
 # after the last fit, is timed alone: 2.5 us per boundary with ``stage_sends`` on a 673-GPU cluster;
-# "fill_stages" was 1.546e-06 and is scaled by 1.43, the wall time per stage fill of the layer split that
-# skips ahead over the plain bisection's, replaying the 68,123 splits planning seed 3 asks for, idle machine:
-# ``python benchmarks/split_speed.py results/robustness/seed3/runs.json``: 2.07 us against 1.45 us)
+# "fill_stages" was 1.546e-06 (the plain bisection over numpy prefix sums, 1.45 us per stage fill when
+# replayed) and is scaled by 1.26 / 1.45, the layer split that skips ahead over list prefix sums: replaying
+# the 68,743 splits planning seed 3 asks for, idle machine,
+# ``python benchmarks/split_speed.py results/robustness/seed3/runs.json``)
 RATES = {
-    "prices": 4.602e-05, "screens": 0.0001552, "fill_stages": 2.211e-06, "placed_slots": 8.424e-06,
+    "prices": 4.602e-05, "screens": 0.0001552, "fill_stages": 1.343e-06, "placed_slots": 8.424e-06,
     "policy_calls": 0.0003229, "policy_rows": 4.751e-06, "rank_rows": 2.131e-05, "profile_calls": 0.0,
     "profiles": 4.61e-05, "mix_proxies": 0.0001918, "sends": 2.5e-06, "estimates": 0.0001234, "estimated_stages":
     1.086e-05, "estimated_devices": 3.001e-08, "estimated_cells": 3.674e-07
