@@ -27,8 +27,8 @@ stream_a() {
     run robustness$s-b20 $PY benchmarks/robustness.py --seed $s --budget 20 --planners arachne \
       --reuse results/robustness/seed$s-b20/runs.json --out results/robustness-r3/seed$s-b20
   done
-  run planner_options_stored $PY benchmarks/planner_options.py results/robustness/seed{0,1,2,3,4,5,26,27,28}/runs.json \
-    results/robustness/odd10{0,1,2,3,4,5,6,7}/runs.json --out results/planner_options/stored  # the stored runs
+  run planner_options_stored $PY benchmarks/planner_options.py results/robustness/seed{0,1,2,3,4,5,26,27,28,29}/runs.json \
+    results/robustness/odd10{0,1,2,3,4,5,6,7,8}/runs.json --out results/planner_options/stored  # the stored runs
   for s in 100 101 102 103 104; do  # node sizes 1 to 8 (odd sizes too)
     run robustness-odd$s $PY benchmarks/robustness.py --seed $s --node-sizes 1,2,3,4,5,6,7,8 --planners arachne \
       --reuse results/robustness/odd$s/runs.json --out results/robustness-r3/odd$s
