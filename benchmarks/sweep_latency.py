@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from arachne_eval import table, write
-from robustness import read_runs
+from robustness import fail, read_runs
 
 from arachne.cost import CostModel
+from arachne.errors import InputError
 from arachne.planners.base import SearchBudget, run_planner
 from arachne.spec.cluster import Cluster, load_cluster
 from arachne.spec.job import Job
@@ -44,7 +45,10 @@ def arachne_cases(paths: list[Path]) -> Iterator[tuple[Path, str, Cluster, Model
             seen.add(r["case"])
             opts = dict(zip(r["command"][2::2], r["command"][3::2]))
             job = Job(global_batch_size=int(opts["--global-batch-size"]), sequence_length=int(opts["--sequence-length"]))
-            cluster = load_cluster(path.parent / "clusters" / f"{r['case']}.yaml")  # beside runs.json, wherever it moved
+            try:  # the clusters a sweep saved beside its runs.json, wherever the folder moved
+                cluster = load_cluster(path.parent / "clusters" / f"{r['case']}.yaml")
+            except InputError as e:
+                fail(f"{path}: the sweep's cluster is missing or bad ({e})")
             yield path, r["case"], cluster, model_catalog().get(opts["--model"]), job
 
 

@@ -102,3 +102,24 @@ def test_the_suite_script_parses_and_names_only_existing_benchmarks():
 
     for script in set(re.findall(r"benchmarks/(\w+\.py)", text)):
         assert (ROOT / "benchmarks" / script).exists(), script
+
+
+def test_sweep_benchmarks_read_clusters_beside_runs_json_and_refuse_a_missing_one(tmp_path):
+    # a sweep moved elsewhere: its clusters come from the folder beside runs.json (not the stored command's
+    # path); without them, one line and exit 2
+    base = robustness("--n", "1", "--seed", "4", "--budget", "3", "--planners", "arachne",
+                      "--out", str(tmp_path / "b"))
+    assert base.returncode == 0, base.stderr[-2000:]
+    moved = tmp_path / "moved"
+    (tmp_path / "b").rename(moved)
+    for script in ("sweep_latency.py", "split_speed.py"):
+        args = [sys.executable, str(ROOT / "benchmarks" / script), str(moved / "runs.json"), "--out",
+                str(tmp_path / script)] + (["--repeat", "1"] if script == "split_speed.py" else [])
+        ok = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert ok.returncode == 0, ok.stderr[-2000:]
+        assert json.loads(next((tmp_path / script).glob("*.json")).read_text())
+    for f in (moved / "clusters").iterdir():
+        f.unlink()
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_latency.py"), str(moved / "runs.json"),
+                          "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "cluster is missing" in res.stderr

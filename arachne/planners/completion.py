@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from arachne.cost import CostModel, Estimate
+from arachne.cost import CostModel, Estimate, StageEstimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Plan, Stage
@@ -631,7 +631,7 @@ HEAD_BOUND = 1.25  # a one-layer last stage this much slower than its pipeline's
 def head_bound(est: Estimate) -> bool:
     """Whether some pipeline's last stage holds one layer and is ``HEAD_BOUND`` times slower than any other
     stage of it: the head (a large vocabulary's projection) sets the pace, and no split can move it."""
-    last: dict[int, object] = {}
+    last: dict[int, StageEstimate] = {}
     others: dict[int, float] = {}
     for st in est.stages:
         if st.pipeline in last:
