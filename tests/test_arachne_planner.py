@@ -1155,3 +1155,27 @@ def test_the_planner_widens_the_head_stage():
     ctx = ctx_for("DeepSeek-MoE-16B", gbs=128, seq=512, cluster=h100_h800_t4_cluster())
     _, est, _ = run_planner("arachne", ctx.cluster, ctx.model, ctx.job, ctx.cost_model)
     assert est.tokens_per_s > 212_397  # Sailor's plan; arachne had 203,203 (two stages of dp 8 x ep 8)
+
+
+def test_refinement_first_pairs_a_slow_class_so_the_fast_one_gets_a_larger_micro_batch():
+    """Single-GPU replicas of OPT-350M on 16 A100 and 20 V100: the V100s regrouped as 10 pairs of stage-level
+    dp 2 let the plan's micro-batch double, so each A100 runs 2 sequences per micro-batch and each V100 still
+    runs 1 (the pattern the exhaustive oracle found at 256 GPUs). A longer target's refinement screens it first."""
+    from arachne.planners.arachne.search import Pricer, batch_regroupings, refine
+    from arachne.planners.base import Deadline
+
+    cl = cluster_from_dict({"name": "p", "nodes": [
+        {"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 25},
+        {"name": "v{i}", "count": 5, "gpu": "V100-16", "gpus_per_node": 4, "inter_node_gbps": 12.5}]})
+    ctx = ctx_for("OPT-350M", gbs=144, seq=2048, cluster=cl)
+    start = State(0, (Action("own", 1, 1, 1, 1, 16), Action("own", 1, 1, 1, 1, 20)))
+    moves = batch_regroupings(ctx, start)
+    assert moves[0].actions == (start.actions[0], Action("own", 1, 2, 1, 1, 10))
+    assert all(sum(a.tp * a.dp * a.stages * a.replicas for a in m.actions) <= 36 for m in moves)
+    assert batch_regroupings(ctx, State(0, (Action("own", 1, 1, 1, 2, 8), start.actions[1]))) == []
+    pricer = Pricer(ctx)
+    v0 = pricer.throughput(start.template())
+    end = refine(ctx, pricer, start, Deadline(2, clock=lambda: len(pricer.cache)), regroup=True)
+    assert end.actions[1].dp == 2
+    best = pricer(end.template())
+    assert best[0].micro_batch_size % 2 == 0 and best[1].tokens_per_s > 1.05 * v0

@@ -267,7 +267,7 @@ class ArachnePlanner:
         for i, st in enumerate(starts):
             if until.expired():
                 break
-            refine(ctx, pricer, st, until.child(until.remaining / (len(starts) - i)))
+            refine(ctx, pricer, st, until.child(until.remaining / (len(starts) - i)), regroup=True)
 
 
 def _next_starts(pricer: Pricer, skip: set, k: int) -> list[State]:

@@ -557,14 +557,16 @@ TAIL_SLACK = 0.95  # a deep tail screened within this share of the best is price
 # only, where a slow node does best at the head)
 
 
-def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3) -> State:
+def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadline, rounds: int = 3,
+           regroup: bool = False) -> State:
     """Priced local search, keeping improvements: each round, the mixed group's even-batch replica moves
     (:func:`replica_moves`) and each homogeneous group's best-balanced stage counts
     (:func:`balanced_stage_moves`), then each used class at tp >= 4 with half the tp and twice the dp, then
     one class's action at a time (:func:`class_moves`: its grid neighbours, tp/dp regroupings off the grid,
     the off-grid stage counts next to it, depth traded for dp); then the mixed group at the replica
     counts that a split GPU type fills; last, at a local optimum only, a slow node hung off a homogeneous
-    pipeline (:func:`tail_stages`, also screened on the start)."""
+    pipeline (:func:`tail_stages`, also screened on the start). ``regroup`` (a longer target's extension):
+    first, data parallelism's slowest class screened at a wider stage-level dp (:func:`batch_regroupings`)."""
     classes = ctx.classes
     pad = tuple(Action("skip") for _ in range(len(classes) - len(start.actions)))
     start = State(start.mix_replicas, start.actions + pad)
@@ -572,6 +574,13 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
     share = deadline.child(TAIL_SHARE * deadline.remaining)
     for r in range(rounds):
         improved = False
+        for cand in batch_regroupings(ctx, best) if regroup and r == 0 else ():  # screened: most do not pay
+            if deadline.expired():
+                return best
+            if pricer.screen_state(cand) > best_v * (1 + 1e-9):
+                v = pricer.price_state(cand)
+                if v > best_v * (1 + 1e-9):
+                    best, best_v, improved = cand, v, True
         for cand in replica_moves(ctx, best) + balanced_stage_moves(ctx, best):
             if deadline.expired():
                 return best
@@ -650,6 +659,25 @@ def depth_regroupings(cur: Action, model: ModelSpec, c: DeviceClass) -> list[Act
         if eps:
             ep = max(eps) if dp > cur.dp else min(eps, key=lambda e: abs(e - cur.ep))
             out.append(replace(cur, dp=dp, stages=S, ep=ep))
+    return out
+
+
+def batch_regroupings(ctx: PlanningContext, st: State) -> list[State]:
+    """Where two or more classes run one-stage replicas (data parallelism only), the slowest of them at twice
+    and four times the stage-level dp on the same GPUs. A larger plan-level micro-batch then runs each of its
+    GPUs at the same per-GPU micro-batch while the faster classes get larger ones (V100 pairs at 1 sequence
+    each next to single A100s at 2: +9% on 96 A100 and 160 V100)."""
+    own = [ci for ci, a in enumerate(st.actions) if a.kind == "own"]
+    if len(own) < 2 or st.mix_replicas or any(st.actions[ci].stages > 1 for ci in own):
+        return []  # with pipelines, a larger micro-batch also means fewer of them to fill the bubble
+    ci, a = own[-1], st.actions[own[-1]]
+    valid = slot_options(ctx.model, ctx.classes[ci])
+    out = []
+    for k in (2, 4):
+        eps = [ep for tp, d, ep in valid if tp == a.tp and d == a.dp * k]
+        if a.replicas >= k and eps:
+            moved = replace(a, dp=a.dp * k, replicas=a.replicas // k, ep=max(eps) if ctx.model.is_moe else a.ep)
+            out.append(State(st.mix_replicas, st.actions[:ci] + (moved,) + st.actions[ci + 1:]))
     return out
 
 
