@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--options", default="{}", help="ArachnePlanner options as a JSON object")
     ap.add_argument("--out", type=Path, default=Path("results/planner_options"))
     ap.add_argument("--cases", default="", help="comma-separated case names (default: every case)")
+    ap.add_argument("--budget", type=float, default=5.0, help="the wall-clock budget of each run, s (as in the sweeps)")
     a = ap.parse_args()
     try:
         options = json.loads(a.options)
@@ -77,7 +78,7 @@ def main() -> None:
             job = Job(global_batch_size=case["gbs"], sequence_length=case["seq"])
             try:
                 _, est, _ = run_planner("arachne", cl, model_catalog().get(case["model"]), job, CostModel(cl),
-                                        SearchBudget(time_budget_s=5), **options)
+                                        SearchBudget(time_budget_s=a.budget), **options)
                 tok = est.tokens_per_s
             except NoFeasiblePlanError:
                 tok = 0.0

@@ -16,7 +16,14 @@ from arachne.planners.arachne.features import FEATURE_DIM, FeatureBuilder
 from arachne.planners.arachne.policy import Policy
 from arachne.planners.arachne.template import Group, Slot, Template
 from arachne.planners.base import SearchBudget, run_planner
-from arachne.planners.completion import PlanningContext, place, price_template, share_micro_batches, split_layers
+from arachne.planners.completion import (
+    PlanningContext,
+    place,
+    price_template,
+    share_micro_batches,
+    share_samples,
+    split_layers,
+)
 from arachne.planners.work import Work
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
@@ -209,6 +216,62 @@ def test_micro_batch_shares_sum_to_the_batch_and_finish_as_early_as_possible(pip
         heapq.heappush(heap, (finish(i, greedy[i] + 1), i))
     best = max(finish(i, m) for i, m in enumerate(greedy))
     assert max(finish(i, m) for i, m in enumerate(c)) <= best * (1 + 1e-9)
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(hst.lists(hst.tuples(hst.sampled_from([0.5, 1.0, 1.3, 2.0, 3.7]), hst.sampled_from([0.0, 1.0, 2.5, 9.0]),
+                            hst.sampled_from([1, 2, 4, 8])), min_size=1, max_size=5), hst.integers(1, 40))
+def test_samples_shared_across_micro_batch_sizes_sum_to_the_batch_and_finish_near_the_best(pipes, k):
+    periods, fills, sizes = (list(x) for x in zip(*pipes))
+    total = k * min(sizes)
+    c = share_samples(periods, fills, sizes, total)
+    assert c is not None and min(c) >= 0
+    assert sum(m * b for m, b in zip(c, sizes)) == total
+
+    def exact_by(T: float) -> bool:
+        """Whether micro-batches all finished by ``T`` can make up exactly ``total`` samples."""
+        reach = {0}
+        for p, f, b in zip(periods, fills, sizes):
+            cap = int((T - f) / p + 1e-9) + 1 if T >= f - 1e-12 else 0
+            reach = {r + j * b for r in reach for j in range(cap + 1) if r + j * b <= total}
+        return total in reach
+
+    ends = sorted({f + j * p for p, f, b in zip(periods, fills, sizes) for j in range(total // b + 1)})
+    best = next(T for T in ends if exact_by(T))
+    slowest = max((m - 1) * p + f for m, p, f in zip(c, periods, fills) if m > 0)
+    assert slowest <= best * (1 + 1e-9)  # the best split
+    if len(set(sizes)) == 1:  # one size: the same finish as sharing micro-batches
+        same = share_micro_batches(periods, fills, total // sizes[0])
+        assert slowest <= max((m - 1) * p + f for m, p, f in zip(same, periods, fills) if m > 0) + 1e-9
+
+
+def test_samples_that_the_sizes_cannot_make_up_are_refused():
+    assert share_samples([1.0, 1.0], [1.0, 1.0], [2, 4], 7) is None
+    assert share_samples([1.0, 1.0], [1.0, 1.0], [2, 3], 8) is None  # sizes not multiples of the smallest
+    assert share_samples([1.0, 2.0], [1.0, 2.0], [4, 2], 2) == [0, 1]
+
+
+def test_a_group_of_fast_gpus_takes_a_larger_micro_batch_than_memory_lets_the_slow_ones():
+    """Single-GPU replicas of OPT-350M on 16 A100 and 20 V100: the A100 pipelines run micro-batches of 2
+    sequences and the V100 pipelines keep 1, where one size for all left the A100s at 1."""
+    cl = cluster_from_dict({"name": "p", "nodes": [
+        {"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 25},
+        {"name": "v{i}", "count": 5, "gpu": "V100-16", "gpus_per_node": 4, "inter_node_gbps": 12.5}]})
+    tpl = State(0, (Action("own", 1, 1, 1, 1, 16), Action("own", 1, 1, 1, 1, 20))).template()
+    one = ctx_for("OPT-350M", gbs=144, seq=2048, cluster=cl)
+    one.group_sizes = False
+    plan1, est1 = price_template(tpl, one)
+    assert {plan1.mbs(p) for p in plan1.pipelines} == {1}
+    ctx = ctx_for("OPT-350M", gbs=144, seq=2048, cluster=cl)
+    plan, est = price_template(tpl, ctx)
+    validate_plan(plan, cl, ctx.model)
+    sizes = {(ctx.cluster.devices[p.stages[0].devices[0]].gpu.name[:4], plan.mbs(p)) for p in plan.pipelines}
+    assert sizes == {("A100", 2), ("V100", 1)}
+    assert sum(p.micro_batches * plan.mbs(p) for p in plan.pipelines) == 144
+    assert est.tokens_per_s > 1.05 * est1.tokens_per_s
+    again = CostModel(cl).estimate(plan)  # the plan document prices the same from scratch
+    assert again.iteration_time_s == pytest.approx(est.iteration_time_s)
 
 
 def test_placement_keeps_tp_groups_inside_nodes():
@@ -1168,6 +1231,7 @@ def test_refinement_first_pairs_a_slow_class_so_the_fast_one_gets_a_larger_micro
         {"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 25},
         {"name": "v{i}", "count": 5, "gpu": "V100-16", "gpus_per_node": 4, "inter_node_gbps": 12.5}]})
     ctx = ctx_for("OPT-350M", gbs=144, seq=2048, cluster=cl)
+    ctx.group_sizes = False  # with a micro-batch size per group, completion finds the same plan directly
     start = State(0, (Action("own", 1, 1, 1, 1, 16), Action("own", 1, 1, 1, 1, 20)))
     moves = batch_regroupings(ctx, start)
     assert moves[0].actions == (start.actions[0], Action("own", 1, 2, 1, 1, 10))

@@ -37,6 +37,7 @@ MBS_CHOICES = (1, 2, 4, 8, 16, 32)
 SEND_SHARE = 0.05  # blocking sends below this share of an even stage's compute leave the layer split alone
 P2P_SHARE = 0.05  # ... and so do sends below this share of the priced step (the most rebalancing could gain)
 ALT_WITHIN = 0.8  # ... and templates priced below this share of the fastest plan so far
+GROUP_WITHIN = 0.97  # a micro-batch size per group is tried on templates priced within this share of the best
 
 
 @dataclass
@@ -91,6 +92,8 @@ class PlanningContext:
     balance_sends: bool = True  # a second layer split that also balances blocking sends (slow links)
     node_parts: bool = True  # classes of odd-sized nodes by power-of-two parts (see template.node_parts)
     best_tok_s: float = 0.0  # the fastest fitting plan priced so far
+    group_sizes: bool = True  # a group of pipelines may take its own micro-batch size (priced from the best)
+    group_within: float = GROUP_WITHIN  # ... on templates priced within this share of the fastest plan so far
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
     _stages: dict[tuple, Stage] = field(default_factory=dict)
 
@@ -341,6 +344,48 @@ def share_micro_batches(periods: list[float], fills: list[float], total: int) ->
     return c
 
 
+def share_samples(periods: list[float], fills: list[float], sizes: list[int], total: int) -> list[int] | None:
+    """:func:`share_micro_batches` for pipelines with their own micro-batch sizes: micro-batches per pipeline
+    whose samples make up ``total`` exactly, with the earliest slowest ``(m - 1) * period + fill``. The sizes
+    must divide one another (1, 2, 4, ...): then the largest sizes taken first, as many as fit by a finish
+    time, make up the batch whenever any choice can, so bisection on that time finds the best. None when
+    the sizes cannot make up ``total``."""
+    n = len(periods)
+    kinds = sorted({b for b in sizes}, reverse=True)
+    if n == 0 or any(a % b for a, b in zip(kinds, kinds[1:])) or total % kinds[-1]:
+        return None
+    by_size = {b: [i for i in range(n) if sizes[i] == b] for b in kinds}
+
+    def plan_at(T: float) -> list[int] | None:
+        """Micro-batches per size class finishing by ``T`` (largest sizes first), or None if short."""
+        left, out = total, []
+        for b in kinds:
+            cap = sum(int((T - fills[i]) / periods[i]) + 1 for i in by_size[b] if T >= fills[i])
+            take = min(cap, left // b)
+            out.append(take)
+            left -= take * b
+        return out if left == 0 else None
+
+    hi = max(f + (total // b) * p for p, f, b in zip(periods, fills, sizes))
+    best = plan_at(hi)
+    if best is None:
+        return None
+    lo = 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        r = plan_at(mid)
+        if r is None:
+            lo = mid
+        else:
+            hi, best = mid, r
+    c = [0] * n
+    for b, m in zip(kinds, best):
+        idx = by_size[b]
+        for i, k in zip(idx, share_micro_batches([periods[i] for i in idx], [fills[i] for i in idx], m)):
+            c[i] = k
+    return c
+
+
 def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> list[list[list[tuple[str, ...]]]] | None:
     """Devices for every (group, replica, slot): TP groups inside a node, packed in order.
 
@@ -468,61 +513,75 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
     return (plan, r[2]) if plan is not None else None
 
 
-def split_and_share(template: Template, ctx: PlanningContext, mbs: int, recompute: bool,
+def group_sizes(template: Template, mbs: int | tuple[int, ...]) -> tuple[int, ...]:
+    """Each group's micro-batch size: one for all (an int) or one per group."""
+    return (mbs,) * len(template.groups) if isinstance(mbs, int) else tuple(mbs)
+
+
+def split_and_share(template: Template, ctx: PlanningContext, mbs: int | tuple[int, ...], recompute: bool,
                     placement, sends: bool = False) -> tuple[list, list[int], float] | None:
     """The rule part of completion: per group the layer split, per pipeline its micro-batches, and the
-    completion's own time model (None if it cannot complete). ``placement`` explains a memory failure
-    and, with ``sends``, gives each stage's blocking send time for the split to balance (None when no
-    group's sends matter: the plain split is the answer)."""
+    completion's own time model (None if it cannot complete). ``mbs``: the micro-batch size, or one per
+    group. ``placement`` explains a memory failure and, with ``sends``, gives each stage's blocking send
+    time for the split to balance (None when no group's sends matter: the plain split is the answer)."""
     job, L = ctx.job, ctx.model.num_layers
     gbs = job.global_batch_size
-    if gbs % mbs:
+    sizes = group_sizes(template, mbs)
+    uniform = len(set(sizes)) == 1
+    if gbs % min(sizes):
         return None
-    M = gbs // mbs
-    if any(mbs % s.dp for g in template.groups for s in g.slots):
+    M = gbs // sizes[0]
+    if any(b % s.dp for g, b in zip(template.groups, sizes) for s in g.slots):
         return None
     n_pipes = sum(g.replicas for g in template.groups)
-    if n_pipes > M:
+    if (n_pipes > M) if uniform else sum(g.replicas * b for g, b in zip(template.groups, sizes)) > gbs:
         return None
-    m_est, zero = max(1, M // n_pipes), max(1, n_pipes)
-    profiles = [[ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, mbs, g.num_stages, zero * s.dp, recompute) for s in g.slots]
-                for g in template.groups]
+    zero = max(1, n_pipes)
+    profiles = [[ctx.slot_profile(s.cls, s.tp, s.dp, s.ep, b, g.num_stages, zero * s.dp, recompute) for s in g.slots]
+                for g, b in zip(template.groups, sizes)]
     group_sends: list[list[float] | None] = [None] * len(template.groups)
     if sends:
         for gi, (g, profs) in enumerate(zip(template.groups, profiles)):
             if g.num_stages > 1:
-                x = stage_sends(ctx, placement[gi], mbs)
+                x = stage_sends(ctx, placement[gi], sizes[gi])
                 # sends negligible next to an even stage's compute leave the plain split standing
                 if max(x) >= SEND_SHARE * min(p.time(0, L, False, False) for p in profs) / g.num_stages:
                     group_sends[gi] = x
         if not any(group_sends):
             return None
-    splits, periods, fills = [], [], []
+    splits, periods, fills, pipe_sizes = [], [], [], []
     for gi, (g, profs) in enumerate(zip(template.groups, profiles)):
         S = g.num_stages
-        r = split_layers(profs, L, m_est, ctx.work, group_sends[gi])
+        r = split_layers(profs, L, max(1, gbs // (n_pipes * sizes[gi])), ctx.work, group_sends[gi])
         if r is None:
-            if not ctx.found_fit and ctx.even_split_notes < 8 and (ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
+            if uniform and not ctx.found_fit and ctx.even_split_notes < 8 and (
+                    ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
                 ctx.even_split_notes += 1
-                _note_even_split(template, ctx, mbs, recompute, placement)
+                _note_even_split(template, ctx, sizes[0], recompute, placement)
             return None
         split, _ = r
         times = [p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profs, split))]
         splits.append(split)
         periods.extend([max(times)] * g.replicas)
         fills.extend([sum(times)] * g.replicas)
-    counts = share_micro_batches(periods, fills, M)
+        pipe_sizes.extend([sizes[gi]] * g.replicas)
+    counts = share_micro_batches(periods, fills, M) if uniform else share_samples(periods, fills, pipe_sizes, gbs)
+    if counts is None:
+        return None
     quick = max(((m - 1) * p + f for m, p, f in zip(counts, periods, fills) if m > 0), default=float("inf"))
     return splits, counts, quick
 
 
-def build_plan(template: Template, ctx: PlanningContext, mbs: int, recompute: bool, placement,
+def build_plan(template: Template, ctx: PlanningContext, mbs: int | tuple[int, ...], recompute: bool, placement,
                splits: list, counts: list[int]) -> Plan | None:
-    """The plan of a completed template on one placement."""
+    """The plan of a completed template on one placement (pipelines of a group whose micro-batch size is not
+    the first group's carry their own)."""
     job = ctx.job
+    sizes = group_sizes(template, mbs)
     pipelines = []
     k = 0
     for gi, g in enumerate(template.groups):
+        own = sizes[gi] if sizes[gi] != sizes[0] else None
         for r in range(g.replicas):
             m = counts[k]
             k += 1
@@ -530,12 +589,12 @@ def build_plan(template: Template, ctx: PlanningContext, mbs: int, recompute: bo
                 continue
             stages = tuple(ctx.stage(ab, devs, s.tp, s.dp, s.ep, recompute)
                            for ab, devs, s in zip(splits[gi], placement[gi][r], g.slots))
-            pipelines.append(Pipeline.model_construct(micro_batches=m, stages=stages))
+            pipelines.append(Pipeline.model_construct(micro_batches=m, stages=stages, micro_batch_size=own))
     if not pipelines:
         return None
     replicated = len(pipelines) > 1 or any(s.dp > 1 for g in template.groups for s in g.slots)
     return Plan(model=model_ref(ctx.model), global_batch_size=job.global_batch_size,
-                sequence_length=job.sequence_length, micro_batch_size=mbs, precision=job.precision,
+                sequence_length=job.sequence_length, micro_batch_size=sizes[0], precision=job.precision,
                 zero_stage=1 if replicated else 0, optimizer=job.optimizer, pipelines=tuple(pipelines))
 
 
@@ -759,7 +818,46 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
                             best = (cand, est)
                             ctx.found_fit = True
         if best is not None:
+            if alt_splits and ctx.group_sizes and len(template.groups) > 1 and \
+                    best[1].tokens_per_s >= ctx.group_within * ctx.best_tok_s:
+                best = _price_group_sizes(ctx, capped, best, recompute)
             break  # recomputation only when nothing fits without it
+    return best
+
+
+GROUP_SIZE_GAIN = 0.005  # a per-group micro-batch size is priced when the completion's time model gains this
+
+
+def _price_group_sizes(ctx: PlanningContext, capped: dict[int, tuple[Template, list]],
+                       best: tuple[Plan, Estimate], recompute: bool) -> tuple[Plan, Estimate]:
+    """From the best plan at one micro-batch size ``b``, each group in turn at another size (b/4 ... 4b; the
+    fast GPUs of one group take larger micro-batches than memory lets the others): the change the
+    completion's time model likes best is priced, and kept where the cost model agrees."""
+    b = best[0].micro_batch_size
+    if b not in capped or any(p.micro_batch_size for p in best[0].pipelines):
+        return best
+    t, layouts = capped[b]
+    base = split_and_share(t, ctx, b, recompute, layouts[0]) if len(t.groups) > 1 and layouts else None
+    if base is None:
+        return best
+    gbs = ctx.job.global_batch_size
+    trials = []
+    for gi, g in enumerate(t.groups):
+        for a in mbs_candidates(Template((g,)), ctx.job, allow_fewer_pipelines=True):
+            if a == b or not b <= 4 * a <= 16 * b or gbs % a:
+                continue
+            sizes = tuple(a if j == gi else b for j in range(len(t.groups)))
+            r = split_and_share(t, ctx, sizes, recompute, layouts[0])
+            if r is not None and r[2] < base[2] * (1 - GROUP_SIZE_GAIN):
+                trials.append((r[2], sizes, r))
+    if not trials:
+        return best
+    _, sizes, (splits, counts, _) = min(trials, key=lambda x: x[0])
+    for lay in layouts:
+        cand = build_plan(t, ctx, sizes, recompute, lay, splits, counts)
+        est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
+        if est is not None and est.fits and est.iteration_time_s < best[1].iteration_time_s:
+            best = (cand, est)
     return best
 
 

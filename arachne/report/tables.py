@@ -25,10 +25,11 @@ def fmt_time(s: float) -> str:
 
 
 def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
-    """Per stage: GPU type, layers, tp/dp/ep, time per micro-batch, memory against capacity. Consecutive
-    pipelines whose rows are the same are shown once (``pipe`` 3-231: 229 replicas)."""
+    """Per stage: GPU type, layers, tp/dp/ep, time per micro-batch, memory against capacity; per pipeline its
+    micro-batches (count x size). Consecutive pipelines whose rows are the same are shown once (``pipe``
+    3-231: 229 replicas)."""
     t = Table(title=title, title_justify="left")
-    for col, just in (("pipe", "right"), ("stage", "right"), ("GPU", "left"), ("layers", "left"),
+    for col, just in (("pipe", "right"), ("µbatches", "right"), ("stage", "right"), ("GPU", "left"), ("layers", "left"),
                       ("GPUs", "right"), ("tp", "right"), ("dp", "right"), ("ep", "right"),
                       ("time/µbatch", "right"), ("memory / capacity", "right"), ("compute from", "left")):
         t.add_column(col, justify=just)
@@ -39,8 +40,9 @@ def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
         style = "red" if ratio > 1 else ("yellow" if ratio > 0.9 else "green")
         mem = f"{fmt_bytes(s.memory_bytes)} / {fmt_bytes(s.capacity_bytes)} ({ratio:.0%})"
         extras = " rc" if st.recompute else ""
+        p = plan.pipelines[s.pipeline]
         rows.setdefault(s.pipeline, []).append(
-            (str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}", str(len(st.devices)), str(s.tp),
+            ("" if s.stage else f"{p.micro_batches} x {plan.mbs(p)}", str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}", str(len(st.devices)), str(s.tp),
              str(s.dp), str(s.ep), fmt_time(s.fwd_s + s.bwd_s), (mem, style), s.source))
     order = sorted(rows)
     i = 0
@@ -49,8 +51,8 @@ def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
         while j < len(order) and rows[order[j]] == rows[order[i]]:
             j += 1
         label = str(order[i]) if j - i == 1 else f"{order[i]}-{order[j - 1]}"
-        for k, (stage, gpu, layers, n, tp, dp, ep, tm, (mem, style), src) in enumerate(rows[order[i]]):
-            t.add_row(label if k == 0 else "", stage, gpu, layers, n, tp, dp, ep, tm, Text(mem, style=style), src)
+        for k, (mb, stage, gpu, layers, n, tp, dp, ep, tm, (mem, style), src) in enumerate(rows[order[i]]):
+            t.add_row(label if k == 0 else "", mb, stage, gpu, layers, n, tp, dp, ep, tm, Text(mem, style=style), src)
         i = j
     return t
 
@@ -66,13 +68,25 @@ def pipeline_shapes(plan: Plan) -> str:
     return " + ".join(f"{n} x {S}" for n, S in runs)
 
 
+def micro_batch_sizes(plan: Plan) -> str:
+    """``micro-batch 2``, or per size the pipelines that use it: ``micro-batches of 2 (96 pipelines), 1 (160)``."""
+    count: dict[int, int] = {}
+    for p in plan.pipelines:
+        count[plan.mbs(p)] = count.get(plan.mbs(p), 0) + 1
+    if len(count) == 1:
+        return f"micro-batch {next(iter(count))}"
+    parts = [f"{b} ({n} pipeline{'s' if n > 1 else ''})" if i == 0 else f"{b} ({n})"
+             for i, (b, n) in enumerate(sorted(count.items(), reverse=True))]
+    return "micro-batches of " + ", ".join(parts)
+
+
 def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = None) -> Table:
     """Throughput, MFU, iteration time, fit, and the time breakdown."""
     t = Table(title="Estimate", title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
     t.add_row("model", plan.model_name)
-    t.add_row("batch", f"{plan.global_batch_size} x {plan.sequence_length} tokens, micro-batch {plan.micro_batch_size}, "
+    t.add_row("batch", f"{plan.global_batch_size} x {plan.sequence_length} tokens, {micro_batch_sizes(plan)}, "
                        f"{plan.precision}, zero {plan.zero_stage}, {plan.schedule}")
     t.add_row("pipelines x stages", pipeline_shapes(plan))
     t.add_row("GPUs used", str(len(plan.devices)))

@@ -20,7 +20,7 @@ from arachne.planners.arachne.search import (
 )
 from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
 from arachne.planners.arachne.template import has_odd_nodes
-from arachne.planners.completion import PlanningContext, polish_splits
+from arachne.planners.completion import GROUP_WITHIN, PlanningContext, polish_splits
 from arachne.planners.work import WorkClock
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
@@ -50,7 +50,7 @@ class ArachnePlanner:
                  ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
                  parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5,
-                 lead_first: bool = False):
+                 lead_first: bool = False, group_sizes: bool = True, group_within: float = GROUP_WITHIN):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -79,6 +79,8 @@ class ArachnePlanner:
         # the rule pool's lead (all classes at their joint depths) screened first in the default pass; off, it
         # is priced first in a longer target's extension (in the default pass it cost more than it found)
         self.lead_first = lead_first
+        self.group_sizes = group_sizes  # a group of pipelines may take its own micro-batch size
+        self.group_within = group_within  # ... on templates priced within this share of the best so far
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -116,7 +118,8 @@ class ArachnePlanner:
         extend = self.mode == "policy" and self.use_floor and not self.rank_k and full_target > base
         target = base if extend else full_target
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
-        ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends, node_parts=parts)
+        ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends, node_parts=parts,
+                              group_sizes=self.group_sizes, group_within=self.group_within)
         pricer = Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many
