@@ -272,6 +272,11 @@ def test_a_group_of_fast_gpus_takes_a_larger_micro_batch_than_memory_lets_the_sl
     assert est.tokens_per_s > 1.05 * est1.tokens_per_s
     again = CostModel(cl).estimate(plan)  # the plan document prices the same from scratch
     assert again.iteration_time_s == pytest.approx(est.iteration_time_s)
+    # a template priced well below the fastest plan so far is not worth the extra work
+    behind = ctx_for("OPT-350M", gbs=144, seq=2048, cluster=cl)
+    behind.best_tok_s = est.tokens_per_s / behind.group_within * 1.01
+    plan2, _ = price_template(tpl, behind)
+    assert {plan2.mbs(p) for p in plan2.pipelines} == {1}
 
 
 def test_placement_keeps_tp_groups_inside_nodes():
