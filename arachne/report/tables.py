@@ -29,8 +29,8 @@ def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
     micro-batches (count x size). Consecutive pipelines whose rows are the same are shown once (``pipe``
     3-231: 229 replicas)."""
     t = Table(title=title, title_justify="left")
-    for col, just in (("pipe", "right"), ("µbatches", "right"), ("stage", "right"), ("GPU", "left"), ("layers", "left"),
-                      ("GPUs", "right"), ("tp", "right"), ("dp", "right"), ("ep", "right"),
+    for col, just in (("pipe", "right"), ("µbatches", "right"), ("stage", "right"), ("GPU", "left"),
+                      ("layers", "left"), ("GPUs", "right"), ("tp", "right"), ("dp", "right"), ("ep", "right"),
                       ("time/µbatch", "right"), ("memory / capacity", "right"), ("compute from", "left")):
         t.add_column(col, justify=just)
     rows: dict[int, list[tuple]] = {}
@@ -41,8 +41,9 @@ def stage_table(plan: Plan, est: Estimate, title: str = "Stages") -> Table:
         mem = f"{fmt_bytes(s.memory_bytes)} / {fmt_bytes(s.capacity_bytes)} ({ratio:.0%})"
         extras = " rc" if st.recompute else ""
         p = plan.pipelines[s.pipeline]
+        micro = "" if s.stage else f"{p.micro_batches} x {plan.mbs(p)}"
         rows.setdefault(s.pipeline, []).append(
-            ("" if s.stage else f"{p.micro_batches} x {plan.mbs(p)}", str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}", str(len(st.devices)), str(s.tp),
+            (micro, str(s.stage), s.gpu, f"[{s.layers[0]}, {s.layers[1]}){extras}", str(len(st.devices)), str(s.tp),
              str(s.dp), str(s.ep), fmt_time(s.fwd_s + s.bwd_s), (mem, style), s.source))
     order = sorted(rows)
     i = 0
