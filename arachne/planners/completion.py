@@ -355,12 +355,15 @@ def share_samples(periods: list[float], fills: list[float], sizes: list[int], to
     if n == 0 or any(a % b for a, b in zip(kinds, kinds[1:])) or total % kinds[-1]:
         return None
     by_size = {b: [i for i in range(n) if sizes[i] == b] for b in kinds}
+    shapes: dict[int, dict[tuple[float, float], int]] = {b: {} for b in kinds}  # replicas share (period, fill)
+    for p, f, b in zip(periods, fills, sizes):
+        shapes[b][(p, f)] = shapes[b].get((p, f), 0) + 1
 
     def plan_at(T: float) -> list[int] | None:
         """Micro-batches per size class finishing by ``T`` (largest sizes first), or None if short."""
         left, out = total, []
         for b in kinds:
-            cap = sum(int((T - fills[i]) / periods[i]) + 1 for i in by_size[b] if T >= fills[i])
+            cap = sum(k * (int((T - f) / p) + 1) for (p, f), k in shapes[b].items() if T >= f)
             take = min(cap, left // b)
             out.append(take)
             left -= take * b
