@@ -1248,3 +1248,25 @@ def test_refinement_first_pairs_a_slow_class_so_the_fast_one_gets_a_larger_micro
     assert end.actions[1].dp == 2
     best = pricer(end.template())
     assert best[0].micro_batch_size % 2 == 0 and best[1].tokens_per_s > 1.05 * v0
+
+
+def test_floor_pairs_the_classes_that_do_best_alone_past_a_fast_type_on_a_slow_network():
+    """L40S pairs on a 10 Gb/s network come first by speed, but the A800 and A100 nodes do more alone: the
+    floor's data-parallel core then also holds those two together without the L40S, and it prices best."""
+    from arachne.planners.arachne.search import Pricer, floor_states
+
+    cl = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "l{i}", "count": 8, "gpu": "L40S", "gpus_per_node": 2, "inter_node_gbps": 10},
+        {"name": "h{i}", "count": 2, "gpu": "A800-80", "gpus_per_node": 8, "inter_node_gbps": 100},
+        {"name": "a{i}", "count": 4, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 100}]})
+    best = {}
+    for flag in (False, True):
+        ctx = ctx_for("GPT-Neo-2.7B", gbs=256, seq=2048, cluster=cl)
+        assert [c.gpu.name for c in ctx.classes][0] == "L40S"
+        ctx.by_value_prefixes = flag
+        pricer = Pricer(ctx)
+        core, _ = floor_states(ctx, pricer, price=False)
+        kinds = [tuple(a.kind for a in st.actions) for st in core]
+        assert (("skip", "own", "own") in kinds) == flag
+        best[flag] = max(pricer.price_state(st) for st in core)
+    assert best[True] > 1.2 * best[False]

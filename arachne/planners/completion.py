@@ -94,6 +94,7 @@ class PlanningContext:
     best_tok_s: float = 0.0  # the fastest fitting plan priced so far
     group_sizes: bool = True  # a group of pipelines may take its own micro-batch size (priced from the best)
     group_within: float = GROUP_WITHIN  # ... on templates priced within this share of the fastest plan so far
+    by_value_prefixes: bool = True  # the floor's "fastest j classes" also by each class's value alone
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
     _stages: dict[tuple, Stage] = field(default_factory=dict)
 

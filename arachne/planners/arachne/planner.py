@@ -50,7 +50,8 @@ class ArachnePlanner:
                  ranker: Policy | RankerEnsemble | None = None, use_ranker: bool = True, rank_k: int = 0,
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
                  parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5,
-                 lead_first: bool = False, group_sizes: bool = True, group_within: float = GROUP_WITHIN):
+                 lead_first: bool = False, group_sizes: bool = True, group_within: float = GROUP_WITHIN,
+                 by_value_prefixes: bool = True):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -81,6 +82,7 @@ class ArachnePlanner:
         self.lead_first = lead_first
         self.group_sizes = group_sizes  # a group of pipelines may take its own micro-batch size
         self.group_within = group_within  # ... on templates priced within this share of the best so far
+        self.by_value_prefixes = by_value_prefixes  # the floor's fastest j classes also ranked by value alone
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -119,7 +121,8 @@ class ArachnePlanner:
         target = base if extend else full_target
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
         ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends, node_parts=parts,
-                              group_sizes=self.group_sizes, group_within=self.group_within)
+                              group_sizes=self.group_sizes, group_within=self.group_within,
+                              by_value_prefixes=self.by_value_prefixes)
         pricer = Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many

@@ -210,6 +210,7 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     pipelines by rule follow. With ``price`` all are priced too (while the deadline lasts)."""
     classes, model = ctx.classes, ctx.model
     best_own: list[Action] = []
+    own_v: list[float] = []
     for ci, c in enumerate(classes):
         prefix = State(0, tuple(Action("skip") for _ in range(ci)))
         cands = rule_own_actions(ctx, ci)
@@ -224,10 +225,18 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
             if v > top_v:
                 top, top_v = a, v
         best_own.append(top)
+        own_v.append(top_v)
     n = len(classes)
     skips = tuple(Action("skip") for _ in range(n))
     core = [State(0, tuple(best_own))]
     core += [State(0, tuple(best_own[:j]) + skips[j:]) for j in range(n - 1, 1, -1)]
+    if ctx.by_value_prefixes:
+        # the same with the classes ranked by what each does alone (a fast type on a slow network or in
+        # small nodes ranks below the next type): e.g. the A100s and A800s without the L40S pairs
+        ranked = sorted(range(n), key=lambda ci: -own_v[ci])
+        for j in range(min(n - 1, 3), 1, -1):
+            keep = set(ranked[:j])
+            core.append(State(0, tuple(a if ci in keep else Action("skip") for ci, a in enumerate(best_own))))
     core += [State(0, skips[:ci] + (best_own[ci],) + skips[ci + 1:]) for ci in range(n)]
     core = list(dict.fromkeys(st for st in core if not st.is_empty()))
     deeper = deeper_states(ctx, best_own)
