@@ -1270,3 +1270,22 @@ def test_floor_pairs_the_classes_that_do_best_alone_past_a_fast_type_on_a_slow_n
         assert (("skip", "own", "own") in kinds) == flag
         best[flag] = max(pricer.price_state(st) for st in core)
     assert best[True] > 1.2 * best[False]
+
+
+def test_a_batch_smaller_than_a_class_gets_one_stage_across_nodes_as_megatron_runs_it():
+    """16 sequences on 32 A100 (4 nodes of 8): one stage of tp 2 x dp 16 (a sequence per group), past the
+    policy's dp choices, is among the class's rule actions, and it completes to a fitting one-stage plan
+    over all four nodes (odd113/rob-022: the Megatron grid's plan, 0.888x before the rule)."""
+    from arachne.planners.arachne.search import rule_own_actions
+
+    cl = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "a{i}", "count": 4, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 100}]})
+    for flag in (False, True):
+        ctx = ctx_for("GPT-3-1.3B", gbs=16, seq=1024, cluster=cl)
+        ctx.wide_small_batch = flag
+        wide = [a for a in rule_own_actions(ctx, 0) if a.stages == 1 and a.dp == 16]
+        assert bool(wide) == flag
+    plan, est = price_template(State(0, (Action("own", 2, 16, 1, 1, 1),)).template(), ctx)
+    validate_plan(plan, cl, ctx.model)
+    (stage,) = [st for p in plan.pipelines for st in p.stages]
+    assert est.fits and len(stage.devices) == 32 and stage.tp == 2 and stage.dp_size == 16

@@ -95,6 +95,7 @@ class PlanningContext:
     group_sizes: bool = True  # a group of pipelines may take its own micro-batch size (priced from the best)
     group_within: float = GROUP_WITHIN  # ... on templates priced within this share of the fastest plan so far
     by_value_prefixes: bool = True  # the floor's "fastest j classes" also by each class's value alone
+    wide_small_batch: bool = True  # the floor's one-stage slots across nodes for a batch smaller than a class
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
     _stages: dict[tuple, Stage] = field(default_factory=dict)
 

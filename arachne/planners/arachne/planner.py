@@ -51,7 +51,7 @@ class ArachnePlanner:
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
                  parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5,
                  lead_first: bool = False, group_sizes: bool = True, group_within: float = GROUP_WITHIN,
-                 by_value_prefixes: bool = True):
+                 by_value_prefixes: bool = True, wide_small_batch: bool = True):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -83,6 +83,7 @@ class ArachnePlanner:
         self.group_sizes = group_sizes  # a group of pipelines may take its own micro-batch size
         self.group_within = group_within  # ... on templates priced within this share of the best so far
         self.by_value_prefixes = by_value_prefixes  # the floor's fastest j classes also ranked by value alone
+        self.wide_small_batch = wide_small_batch  # one-stage slots across nodes for a batch smaller than a class
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -122,7 +123,7 @@ class ArachnePlanner:
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
         ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends, node_parts=parts,
                               group_sizes=self.group_sizes, group_within=self.group_within,
-                              by_value_prefixes=self.by_value_prefixes)
+                              by_value_prefixes=self.by_value_prefixes, wide_small_batch=self.wide_small_batch)
         pricer = Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many
