@@ -206,7 +206,8 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
     """Rule-based templates, as (core, mixed). Per class the fewest stages that fit at tp 1 and at the
     largest in-node tp (priced alone; the better one is the class's homogeneous choice); the core is
     then all classes together (heterogeneous data parallelism), the fastest j classes together (a
-    small batch is often trained faster without the slowest GPUs) and each class alone; mixed
+    small batch is often trained faster without the slowest GPUs), the 2 and 3 classes that do best
+    alone, and each class alone; mixed
     pipelines by rule follow. With ``price`` all are priced too (while the deadline lasts)."""
     classes, model = ctx.classes, ctx.model
     best_own: list[Action] = []
