@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from arachne.cost import CostModel
+from arachne.cost.ceiling import throughput_ceiling
 from arachne.errors import NoFeasiblePlanError
 from arachne.planners.base import SearchBudget, run_planner
 from arachne.spec.cluster import cluster_from_dict
@@ -256,19 +257,30 @@ def latency(args) -> None:
     write(args.out, "latency", rows)
 
 
+def _planners_bench():
+    """The planners benchmark module (its suite of cases), loaded from beside this script."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("planners_bench", Path(__file__).with_name("planners.py"))
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["planners_bench"] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _grid_jobs() -> dict[str, tuple[Any, str, int, int]]:
+    """Case name -> (cluster, model, global batch, sequence) for the planners benchmark's suite."""
+    bench = _planners_bench()
+    return {c.name: (bench.make_cluster(c.cluster, list(c.groups)), c.model, c.gbs, c.seq) for c in bench.CASES}
+
+
 def quality(args) -> None:
     """arachne's throughput over the best baseline's, per case of the planners benchmark."""
     data = json.loads(Path(args.rows).read_text())
     rows = data["rows"] if isinstance(data, dict) else data
     if args.rerun_arachne:  # re-plan arachne's rows with the current code; baselines' rows stay as measured
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("planners_bench", Path(__file__).with_name("planners.py"))
-        bench = importlib.util.module_from_spec(spec)
-        import sys
-
-        sys.modules["planners_bench"] = bench  # dataclasses look their module up
-        spec.loader.exec_module(bench)
+        bench = _planners_bench()
         by_name = {c.name: c for c in bench.CASES}
         for r in rows:
             if r["planner"] == "arachne" and r["case"] in by_name:
@@ -287,12 +299,19 @@ def quality(args) -> None:
             c["arachne"], c["arachne_s"] = tps, r["planning_time_s"]
         elif r["planner"] != "exhaustive" and tps > c["best_baseline"]:
             c["best_baseline"], c["baseline"], c["baseline_s"] = tps, r["planner"], r["planning_time_s"]
+    jobs = _grid_jobs()
     out = []
     for c in cases.values():
         if c["best_baseline"] <= 0 and c["arachne"] <= 0:
             continue
         c["ratio"] = c["arachne"] / c["best_baseline"] if c["best_baseline"] > 0 else float("inf")
         c["moe"] = str(model_catalog().get(c["model"]).is_moe)
+        if c["case"] in jobs:  # the compute ceiling: what no plan can beat on this cost model
+            cl, model, gbs, seq = jobs[c["case"]]
+            ceil = throughput_ceiling(CostModel(cl), model_catalog().get(model), gbs, seq).tokens_per_s
+            c["ceiling"] = ceil
+            c["ceiling_over_baseline"] = ceil / c["best_baseline"] if c["best_baseline"] > 0 else float("inf")
+            c["arachne_of_ceiling"] = c["arachne"] / ceil
         out.append(c)
     table("arachne vs the best baseline per case (common cost model)", out)
     for label, sel in (("all", out), ("dense", [c for c in out if c["moe"] == "False"]),
@@ -302,6 +321,12 @@ def quality(args) -> None:
             console.print(f"{label:5s}: geomean {gmean(finite):.3f}, min {min(finite):.3f}, "
                           f"share >= 1.0: {sum(r >= 1.0 for r in finite)}/{len(finite)}, "
                           f">= 0.99: {sum(r >= 0.99 for r in finite)}/{len(finite)}")
+        heads = [c["ceiling_over_baseline"] for c in sel if math.isfinite(c.get("ceiling_over_baseline", math.inf))]
+        if heads:
+            console.print(f"       the compute ceiling over the best baseline (what no planner can exceed): "
+                          f"geomean {gmean(heads):.3f}, min {min(heads):.3f}, max {max(heads):.3f}; "
+                          f"arachne reaches {gmean([c['arachne_of_ceiling'] for c in sel if 'ceiling' in c]):.3f} "
+                          f"of it (geomean)")
     write(args.out, "quality", out)
 
 
