@@ -71,7 +71,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"[bold]{planner}[/bold] plan for {spec.name} on {cl.name} ({cl.num_gpus} GPUs): "
                       f"{result.stats.candidates} candidates, {result.stats.plans_priced} plans priced"
                       + (f", {work:.2f} s of work" if work is not None else ""))
-        console.print(plan_report(plan_doc, est, plan_doc.planning_time_s))
+        from arachne.cost.ceiling import throughput_ceiling
+
+        ceiling = throughput_ceiling(cm, spec, global_batch_size, sequence_length, precision).tokens_per_s
+        console.print(plan_report(plan_doc, est, plan_doc.planning_time_s, ceiling))
         if output is not None:
             console.print(f"plan written to {output}")
 

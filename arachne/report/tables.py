@@ -81,8 +81,9 @@ def micro_batch_sizes(plan: Plan) -> str:
     return "micro-batches of " + ", ".join(parts)
 
 
-def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = None) -> Table:
-    """Throughput, MFU, iteration time, fit, and the time breakdown."""
+def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = None,
+                  ceiling_tokens_per_s: float | None = None) -> Table:
+    """Throughput, MFU, iteration time, fit, the time breakdown, and (if given) the compute ceiling."""
     t = Table(title="Estimate", title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
@@ -94,6 +95,9 @@ def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = Non
     t.add_row("iteration time", fmt_time(est.iteration_time_s))
     t.add_row("throughput", f"{est.tokens_per_s:,.0f} tokens/s  ({est.samples_per_s:,.2f} samples/s)")
     t.add_row("MFU", f"{est.mfu:.1%}")
+    if ceiling_tokens_per_s:
+        t.add_row("compute ceiling", f"{ceiling_tokens_per_s:,.0f} tokens/s  (this plan reaches "
+                                     f"{est.tokens_per_s / ceiling_tokens_per_s:.0%}; no plan can pass it)")
     t.add_row("peak memory", fmt_bytes(est.max_memory_bytes))
     t.add_row("fits", Text("yes", style="green") if est.fits else Text("NO", style="bold red"))
     for k, v in est.breakdown.items():
@@ -103,5 +107,6 @@ def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = Non
     return t
 
 
-def plan_report(plan: Plan, est: Estimate, planning_time_s: float | None = None) -> Group:
-    return Group(stage_table(plan, est), summary_table(plan, est, planning_time_s))
+def plan_report(plan: Plan, est: Estimate, planning_time_s: float | None = None,
+                ceiling_tokens_per_s: float | None = None) -> Group:
+    return Group(stage_table(plan, est), summary_table(plan, est, planning_time_s, ceiling_tokens_per_s))

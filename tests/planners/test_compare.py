@@ -88,3 +88,12 @@ def test_plan_target_is_for_arachne_only(cluster_file: Path, tmp_path: Path) -> 
     res = CliRunner().invoke(app, base + ["--target", "0.3", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["planner"] == "arachne"
+
+
+def test_plan_table_shows_the_compute_ceiling_above_the_plan(cluster_file: Path) -> None:
+    res = CliRunner().invoke(app, ["plan", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64", "-s", "1024",
+                                   "--planner", "megatron"])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "compute ceiling" in ln)
+    share = int(line.split("reaches")[1].split("%")[0])
+    assert 0 < share <= 100
