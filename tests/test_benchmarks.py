@@ -123,3 +123,17 @@ def test_sweep_benchmarks_read_clusters_beside_runs_json_and_refuse_a_missing_on
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_latency.py"), str(moved / "runs.json"),
                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "cluster is missing" in res.stderr
+
+
+def test_ceiling_bounds_every_stored_plan_of_a_sweep(tmp_path):
+    base = robustness("--n", "2", "--seed", "4", "--budget", "3", "--planners", "arachne,megatron",
+                      "--out", str(tmp_path / "b"))
+    assert base.returncode == 0, base.stderr[-2000:]
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ceiling.py"), str(tmp_path / "b" / "runs.json"),
+                          "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads((tmp_path / "o" / "ceiling.json").read_text())
+    assert rows and all(r["ceiling_over_baseline"] >= 1 and 0 < r["arachne_of_ceiling"] <= 1 for r in rows)
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ceiling.py"), str(tmp_path / "nope.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "nope.json" in bad.stderr and "Traceback" not in bad.stderr
