@@ -324,7 +324,8 @@ def quality(args) -> None:
         heads = [c["ceiling_over_baseline"] for c in sel if math.isfinite(c.get("ceiling_over_baseline", math.inf))]
         if heads:
             console.print(f"       the compute ceiling over the best baseline (what no planner can exceed): "
-                          f"geomean {gmean(heads):.3f}, min {min(heads):.3f}, max {max(heads):.3f}; "
+                          f"geomean {gmean(heads):.3f}, min {min(heads):.3f}, max {max(heads):.3f}, "
+                          f"below 2x in {sum(h < 2 for h in heads)}/{len(heads)}; "
                           f"arachne reaches {gmean([c['arachne_of_ceiling'] for c in sel if 'ceiling' in c]):.3f} "
                           f"of it (geomean)")
     write(args.out, "quality", out)
