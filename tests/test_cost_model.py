@@ -336,3 +336,24 @@ def test_identical_pipelines_on_different_nodes_price_the_same_and_classes_matte
     mixed = plan.model_copy(update={"pipelines": (pipe("f0"), pipe("s0"))})
     st_mixed = {(s.pipeline, s.stage): s.fwd_s + s.bwd_s for s in cm.estimate(mixed).stages}
     assert st_mixed[(1, 0)] > st_mixed[(0, 0)]  # the slow node's pipeline is not served from the fast one's cache
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 23), min_size=1, max_size=3, unique=True).map(sorted), st.integers(1, 6),
+       st.sampled_from([1, 2, 4]), st.sampled_from([0, 1]))
+def test_reused_stage_objects_price_like_fresh_ones(splits, m, mbs, zero):
+    """The caches keyed by stage identity (gradient sync, pipeline signature): the same Stage objects in
+    plans of other micro-batch counts, sizes and ZeRO price exactly as a cold model prices them."""
+    cl = two_type_cluster(per_node=4, nodes=4)
+    bounds = [0, *splits, 24]
+    stages = tuple(Stage(layers=(a, b), devices=(f"f{i}:0", f"f{i}:1"), tp=2) for i, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    other = tuple(Stage(layers=(a, b), devices=(f"s{i}:0",), tp=1) for i, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    warm = CostModel(cl)
+
+    def plan(m1: int, size: int, z: int) -> Plan:
+        pipes = (Pipeline(micro_batches=m1, stages=stages), Pipeline(micro_batches=m1 + 1, stages=other))
+        return Plan(model="GPT-3-1.3B", global_batch_size=(2 * m1 + 1) * size, sequence_length=1024,
+                    micro_batch_size=size, zero_stage=z, pipelines=pipes)
+
+    for args in ((1, 1, 0), (3, 2, 1), (m, mbs, zero)):
+        assert warm.estimate(plan(*args)).to_doc() == CostModel(cl).estimate(plan(*args)).to_doc()

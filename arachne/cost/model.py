@@ -69,18 +69,53 @@ class StageEstimate:
 
 @dataclass
 class Estimate:
-    """The priced plan (formats v1 section 5) plus per-stage details."""
+    """The priced plan (formats v1 section 5) plus per-stage details.
+
+    MFU, the per-device peaks and the per-stage rows are built on first use from ``parts`` (per
+    pipeline: its index, the pipeline, its stage rows and memory): a search prices thousands of plans
+    and reads them for a few."""
 
     iteration_time_s: float
     samples_per_s: float
     tokens_per_s: float
-    mfu: float
-    peak_memory_bytes: dict[str, float]
     max_memory_bytes: float
     fits: bool
     breakdown: dict[str, float]
-    stages: list[StageEstimate] = field(default_factory=list)
-    memory_detail: dict[str, MemoryBreakdown] = field(default_factory=dict, repr=False)
+    parts: list[tuple] = field(default_factory=list, repr=False, compare=False)
+    model_flops_per_s: float = field(default=0.0, repr=False, compare=False)  # MFU's numerator
+    device_flops: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  # peak FLOP/s by device
+    _built: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _build(self) -> tuple:
+        if self._built is None:
+            peak: dict[str, float] = {}
+            detail: dict[str, MemoryBreakdown] = {}
+            stages: list[StageEstimate] = []
+            for pi, p, out_rows, mems in self.parts:
+                for si, st in enumerate(p.stages):
+                    row = out_rows[si]
+                    peak.update(dict.fromkeys(st.devices, row[12]))
+                    detail.update(dict.fromkeys(st.devices, mems[si][0]))
+                    stages.append(StageEstimate(pi, si, *row))
+            self._built = (peak, detail, stages)
+        return self._built
+
+    @property
+    def peak_memory_bytes(self) -> dict[str, float]:
+        return self._build()[0]
+
+    @property
+    def memory_detail(self) -> dict[str, MemoryBreakdown]:
+        return self._build()[1]
+
+    @property
+    def stages(self) -> list[StageEstimate]:
+        return self._build()[2]
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOP/s over the summed peak of the devices the plan uses."""
+        return self.model_flops_per_s / sum(self.device_flops[d] for d in self.peak_memory_bytes)
 
     @property
     def worst_memory_ratio(self) -> float:
@@ -101,6 +136,9 @@ class Estimate:
         if details:
             doc["stages"] = [s.to_doc() for s in self.stages]
         return doc
+
+
+IDENTITY_CACHE_SIZE = 100_000  # entries of the caches keyed by stage identity (each holds its stages alive)
 
 
 def _slowest(gpus: list[GPUType], precision: str) -> GPUType:
@@ -128,6 +166,8 @@ class CostModel:
         self._pipe_cache: dict[tuple, tuple] = {}
         self._leader_nodes: dict[tuple, tuple] = {}
         self._pipe_sigs: dict[tuple, tuple] = {}
+        self._pipe_ids: dict[tuple, tuple] = {}  # pipelines' stage objects (by identity) -> their signature
+        self._sync_cache: dict[tuple, tuple] = {}
         self._dev_flops: dict[str, dict[str, float]] = {}
         self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw)
                             for n in cluster.nodes}
@@ -274,7 +314,18 @@ class CostModel:
 
     # ---- data-parallel synchronisation ---------------------------------------------------------
     def _sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], int]]:
-        """Per (pipeline, stage) the gradient all-reduce time, and the number of replicas of its layers."""
+        """Per (pipeline, stage) the gradient all-reduce time, and the number of replicas of its layers.
+        Cached by the identity of the plan's stage objects (a search re-prices the same stages with other
+        micro-batch counts and sizes); the entry holds them alive, so equal ids are the same stages."""
+        key = (model.key, plan.precision, tuple(tuple(map(id, p.stages)) for p in plan.pipelines))
+        hit = self._sync_cache.get(key)
+        if hit is None:
+            if len(self._sync_cache) >= IDENTITY_CACHE_SIZE:
+                self._sync_cache.clear()
+            hit = self._sync_cache[key] = ([p.stages for p in plan.pipelines], self._new_sync(model, plan))
+        return hit[1]
+
+    def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], int]]:
         prec = plan.precision
         grad_b = 4.0 if prec == "fp32" else 2.0
         L = model.num_layers
@@ -357,10 +408,17 @@ class CostModel:
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
         (time, transfers and memory depend on node classes and which stages share a node, not names)."""
+        ids = tuple(map(id, p.stages))
+        hit = self._pipe_ids.get(ids)
+        if hit is not None:  # the entry holds those stages alive, so equal ids are the same (frozen) stages
+            return hit[1]
         key = tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute) for st in p.stages)
         sig = self._pipe_sigs.get(key)
         if sig is None:
             sig = self._pipe_sigs[key] = self._new_pipeline_signature(p)
+        if len(self._pipe_ids) >= IDENTITY_CACHE_SIZE:
+            self._pipe_ids.clear()
+        self._pipe_ids[ids] = (p.stages, sig)
         return sig
 
     def _new_pipeline_signature(self, p) -> tuple:
@@ -382,9 +440,8 @@ class CostModel:
         devs = self.cluster.devices
         prec = plan.precision
         sync_stage, replicas = self._sync(model, plan)
-        stages_out: list[StageEstimate] = []
-        peak: dict[str, float] = {}
-        detail: dict[str, MemoryBreakdown] = {}
+        parts: list[tuple] = []
+        max_mem = 0.0
         fits = True
         worst_pp = -1.0
         crit = None
@@ -402,16 +459,13 @@ class CostModel:
             hit = self._pipe_cache.get(key)
             if hit is None:
                 hit = self._pipe_cache[key] = self._price_pipeline(model, plan, p, mbs, reps)
-            rows, send_f, send_b, T, mems, opt, out_rows, n_devs, pipe_fits = hit
+            rows, send_f, send_b, T, mems, opt, out_rows, n_devs, pipe_fits, pipe_max = hit
             t_opt = max(t_opt, opt)
             fits = fits and pipe_fits
+            max_mem = max(max_mem, pipe_max)
             self.estimated_stages += S
             self.estimated_devices += n_devs
-            for si, st in enumerate(p.stages):
-                row = out_rows[si]
-                peak.update(dict.fromkeys(st.devices, row[12]))
-                detail.update(dict.fromkeys(st.devices, mems[si][0]))
-                stages_out.append(StageEstimate(pi, si, *row))
+            parts.append((pi, p, out_rows, mems))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
         t_sync = max(sync_stage.values(), default=0.0)
@@ -437,12 +491,11 @@ class CostModel:
         flops = self._dev_flops.get(prec)
         if flops is None:
             flops = self._dev_flops[prec] = {d: dev.gpu.peak_flops(prec) for d, dev in devs.items()}
-        peak_total = sum(flops[d] for d in peak)
-        mfu = model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration / peak_total
         return Estimate(
-            iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration, mfu=mfu,
-            peak_memory_bytes=peak, max_memory_bytes=max(peak.values()), fits=fits, breakdown=breakdown,
-            stages=stages_out, memory_detail=detail,
+            iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration,
+            max_memory_bytes=max_mem, fits=fits, breakdown=breakdown, parts=parts,
+            model_flops_per_s=model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration,
+            device_flops=flops,
         )
 
     def _price_pipeline(self, model: ModelSpec, plan: Plan, p, mbs: int, reps: tuple[int, ...]) -> tuple:
@@ -469,7 +522,8 @@ class CostModel:
                      send_b[si], mem.total, cap, r[6])
                     for si, (st, r, (mem, cap)) in enumerate(zip(p.stages, rows, mems))]
         return (rows, send_f, send_b, T, mems, self._pipeline_optimizer_time(model, plan, p, reps), out_rows,
-                sum(len(st.devices) for st in p.stages), all(r[12] <= r[13] for r in out_rows))
+                sum(len(st.devices) for st in p.stages), all(r[12] <= r[13] for r in out_rows),
+                max(r[12] for r in out_rows))
 
     def _optimizer_time(self, model: ModelSpec, plan: Plan, replicas: dict[tuple[int, int], int]) -> float:
         """Adam step: HBM traffic over the parameters each device updates (ZeRO-1: its shard)."""
