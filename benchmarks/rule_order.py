@@ -112,7 +112,7 @@ def main() -> None:
                               CostModel(cl))
         feats = FeatureBuilder(ctx)
         pricer = Pricer(ctx)
-        core, rest, _ = rule_pool(ctx, pricer)
+        core, rest, _, _ = rule_pool(ctx, pricer)
         mixed = mixed_floor_states(ctx)
         proposed = policy_search(ctx, shipped_policy(), 24, feats)
         pool, rule = ranked_pool(proposed, rest)

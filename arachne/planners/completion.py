@@ -96,8 +96,10 @@ class PlanningContext:
     group_within: float = GROUP_WITHIN  # ... on templates priced within this share of the fastest plan so far
     by_value_prefixes: bool = True  # the floor's "fastest j classes" also by each class's value alone
     wide_small_batch: bool = True  # the floor's one-stage slots across nodes for a batch smaller than a class
+    type_pools: bool = True  # pipelines over a GPU type pooled across its node sizes, priced after refinement
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
     _stages: dict[tuple, Stage] = field(default_factory=dict)
+    _pipelines: dict[tuple, Pipeline] = field(default_factory=dict)
 
     def note_unfit(self, est: Estimate) -> None:
         """Remember the priced plan that came closest to fitting (for the no-plan message)."""
@@ -125,6 +127,16 @@ class PlanningContext:
             hit = self._stages[key] = Stage.model_construct(
                 layers=layers, devices=devices, tp=tp, dp=dp if dp > 1 else None, ep=ep, recompute=recompute,
                 allow_cross_node_tp=False)
+        return hit
+
+    def pipeline(self, micro_batches: int, stages: tuple[Stage, ...], micro_batch_size: int | None) -> Pipeline:
+        """A plan pipeline of :meth:`stage` objects, built once per (count, stages, size): the stages live in
+        this context, so their ids name them."""
+        key = (micro_batches, tuple(map(id, stages)), micro_batch_size)
+        hit = self._pipelines.get(key)
+        if hit is None:
+            hit = self._pipelines[key] = Pipeline.model_construct(micro_batches=micro_batches, stages=stages,
+                                                                  micro_batch_size=micro_batch_size)
         return hit
 
     # ---- slot primitives ------------------------------------------------------------------------
@@ -594,7 +606,7 @@ def build_plan(template: Template, ctx: PlanningContext, mbs: int | tuple[int, .
                 continue
             stages = tuple(ctx.stage(ab, devs, s.tp, s.dp, s.ep, recompute)
                            for ab, devs, s in zip(splits[gi], placement[gi][r], g.slots))
-            pipelines.append(Pipeline.model_construct(micro_batches=m, stages=stages, micro_batch_size=own))
+            pipelines.append(ctx.pipeline(m, stages, own))
     if not pipelines:
         return None
     replicated = len(pipelines) > 1 or any(s.dp > 1 for g in template.groups for s in g.slots)

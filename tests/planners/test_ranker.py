@@ -92,7 +92,7 @@ def test_rankers_train_on_the_pool_the_planner_ranks():
     """The training pool holds every rule template the planner screens, the depth rule's included."""
     ctx = ctx_for()
     pool, from_rule = planner_pool(ctx, shipped_policy(), 8, FeatureBuilder(ctx))
-    core, rest, _ = rule_pool(ctx, Pricer(ctx))
+    core, rest, _, _ = rule_pool(ctx, Pricer(ctx))
     ranked = {st.template() for st in pool}
     assert {st.template() for st in rest} <= ranked
     depth = [st for st in depth_states(ctx) if st not in core]

@@ -51,7 +51,8 @@ class ArachnePlanner:
                  clock: str = "work", balance_sends: bool = True, more_starts: int = 2, depth_rule: bool = True,
                  parts_share: float = 0.001, parts_max_gpus: int = 512, whole_min_share: float = 0.5,
                  lead_first: bool = False, group_sizes: bool = True, group_within: float = GROUP_WITHIN,
-                 by_value_prefixes: bool = True, wide_small_batch: bool = True):
+                 by_value_prefixes: bool = True, wide_small_batch: bool = True,
+                 type_pools: bool = True):
         self.k, self.mode = k, mode
         self.floor_actions, self.teacher_beam = floor_actions, teacher_beam
         self.policy = policy
@@ -84,6 +85,7 @@ class ArachnePlanner:
         self.group_within = group_within  # ... on templates priced within this share of the best so far
         self.by_value_prefixes = by_value_prefixes  # the floor's fastest j classes also ranked by value alone
         self.wide_small_batch = wide_small_batch  # one-stage slots across nodes for a batch smaller than a class
+        self.type_pools = type_pools  # pipelines over a GPU type pooled across its node sizes
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
@@ -123,7 +125,8 @@ class ArachnePlanner:
         polish_at = target * (1 - self.polish_share) if self.use_polish else target
         ctx = PlanningContext(cluster, model, job, cost_model, balance_sends=self.balance_sends, node_parts=parts,
                               group_sizes=self.group_sizes, group_within=self.group_within,
-                              by_value_prefixes=self.by_value_prefixes, wide_small_batch=self.wide_small_batch)
+                              by_value_prefixes=self.by_value_prefixes, wide_small_batch=self.wide_small_batch,
+                              type_pools=self.type_pools)
         pricer = Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many
@@ -147,9 +150,10 @@ class ArachnePlanner:
             core: list[State] = []
             mixed: list[State] = []
             lead: list[State] = []
+            pools: list[State] = []
             if mode in ("floor", "teacher") or (mode == "policy" and self.use_floor):
                 depth = self.depth_rule and mode == "policy" and not self.rank_k
-                core, mixed, lead = rule_pool(ctx, pricer, deadline, self.floor_actions, depth)
+                core, mixed, lead, pools = rule_pool(ctx, pricer, deadline, self.floor_actions, depth)
                 if mode == "floor" and self.floor_k:  # the ablation's equal-size rule arm: the first k rules
                     core, mixed = core[: self.floor_k], mixed[: max(0, self.floor_k - len(core))]
             if mode == "teacher":
@@ -220,6 +224,10 @@ class ArachnePlanner:
                         if polish_at - run.elapsed <= 0.02:
                             break
                         refine(ctx, pricer, st, run.child(polish_at - run.elapsed))
+            for st in pools:  # a GPU type pooled across its node sizes: candidates after refinement
+                if stop(run.child(target - run.elapsed)):
+                    break
+                pricer.price_state(st)
             polished = self._polish(pricer, [], cost_model, target, run)
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - run.elapsed, 3)

@@ -202,8 +202,10 @@ def may_fit(ctx: PlanningContext, st: State, spare: float = 0.0) -> bool:
 
 
 def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None,
-                 max_actions: int = 0, price: bool = True) -> tuple[list[State], list[State]]:
-    """Rule-based templates, as (core, mixed). Per class the fewest stages that fit at tp 1 and at the
+                 max_actions: int = 0, price: bool = True,
+                 pools_out: list[State] | None = None) -> tuple[list[State], list[State]]:
+    """Rule-based templates, as (core, mixed), and into ``pools_out`` (if given) the type pools
+    (:func:`type_pool_states`). Per class the fewest stages that fit at tp 1 and at the
     largest in-node tp (priced alone; the better one is the class's homogeneous choice); the core is
     then all classes together (heterogeneous data parallelism), the fastest j classes together (a
     small batch is often trained faster without the slowest GPUs), the 2 and 3 classes that do best
@@ -239,6 +241,8 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
             keep = set(ranked[:j])
             core.append(State(0, tuple(a if ci in keep else Action("skip") for ci, a in enumerate(best_own))))
     core += [State(0, skips[:ci] + (best_own[ci],) + skips[ci + 1:]) for ci in range(n)]
+    if ctx.type_pools and pools_out is not None:
+        pools_out.extend(type_pool_states(ctx, best_own))
     core = list(dict.fromkeys(st for st in core if not st.is_empty()))
     deeper = deeper_states(ctx, best_own)
     if not price:
@@ -253,6 +257,57 @@ def floor_states(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None
             break
         pricer.price_state(st)
     return core, mixed
+
+
+TYPE_POOL_DEPTHS = 2  # pipeline depths per (GPU type, tp) of a type pooled across its classes
+
+
+def type_pool_states(ctx: PlanningContext, best_own: list[Action]) -> list[State]:
+    """A GPU type split across node sizes (or node parts) as one pool: ``R`` identical pipelines of ``S``
+    pooled stages, at the depths (2 to 4, or up to twice the fewest that fit) that leave the fewest of its
+    GPUs idle, alone and beside every other type's homogeneous choice. Per class, 15 B200 in a node of 8
+    and a node of 7 (parts 4, 2, 1) make at most 3 pipelines of 3 or data parallelism; as a pool they make
+    5 pipelines of 3, which shards the gradient all-reduce 3 ways over all 15 (odd114/rob-010: +5.7%).
+    The planner prices them after refinement: priced first, a pool that beats the other templates became
+    refinement's start and led it away from better mixed plans (odd103/rob-013: -25%), and screened
+    first they took the screening's time on large clusters."""
+    classes, model = ctx.classes, ctx.model
+    L, n = model.num_layers, len(classes)
+    out: list[State] = []
+    for c in classes:
+        if len(c.kin) < 2 or c.index != c.kin[0][0]:
+            continue
+        kin = {j for j, _, _ in c.kin}
+        for tp in sorted({tp_options(model, c.node_size)[0], tp_options(model, c.node_size)[-1]}):
+            pool = [j for j in pool_classes(c, tp) if classes[j].node_size >= tp]
+            total = c.count + sum(classes[j].count for j in pool)
+            if not pool or total < 2 * tp:
+                continue
+
+            def fits(S: int) -> bool:
+                reps = total // (S * tp)
+                prof = ctx.slot_profile(c.index, tp, 1, 1, 1, S, max(1, reps), False)
+                return split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // max(1, reps)),
+                                    ctx.work) is not None
+
+            least = next((S for S in STAGE_COUNTS if S <= L and S * tp <= total and fits(S)), None)
+            if least is None:
+                continue
+            depths = [S for S in STAGE_COUNTS if max(2, least) <= S <= min(L, max(4, 2 * least))
+                      and total // (S * tp) >= 2 and (S == least or fits(S))]
+            depths = sorted(depths, key=lambda S: (-(total // (S * tp)) * S, S))[:TYPE_POOL_DEPTHS]
+            for S in depths:
+                R = total // (S * tp)
+                if R * S * tp <= c.count:
+                    continue  # the class alone holds it: its own actions cover this
+                mix = Action("mix", tp, 1, 1, S, R, pool=True)
+                alone = tuple(mix if i == c.index else Action("skip") for i in range(n))
+                out.append(State(R, alone))
+                beside = tuple(mix if i == c.index else Action("skip") if i in kin else best_own[i]
+                               for i in range(n))
+                if beside != alone:
+                    out.append(State(R, beside))
+    return out
 
 
 def deeper_states(ctx: PlanningContext, best_own: list[Action]) -> list[State]:
@@ -352,11 +407,13 @@ def joint_depth_state(ctx: PlanningContext) -> State | None:
 class RulePool(NamedTuple):
     """The rule templates the shipped planner starts from: ``core``, priced as is; ``rest``, which joins the
     policy's proposals in the ranker's screening order; ``lead``, priced first when a longer target extends
-    the search (or, with ``ArachnePlanner(lead_first=True)``, screened ahead of the rest)."""
+    the search (or, with ``ArachnePlanner(lead_first=True)``, screened ahead of the rest); ``pools``, priced
+    once refinement is done (candidates, never starts: see :func:`type_pool_states`)."""
 
     core: list[State]
     rest: list[State]
     lead: list[State]
+    pools: list[State] = []
 
 
 def rule_pool(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None, max_actions: int = 0,
@@ -364,14 +421,15 @@ def rule_pool(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = 
     """The core (:func:`floor_states`), the rest (mixed rules, deeper pipelines and, with ``depth``,
     :func:`depth_states`) and, with ``depth``, the lead (:func:`joint_depth_state`). Planning and ranker
     training both build it here."""
-    core, mixed = floor_states(ctx, pricer, deadline, max_actions, price=False)
+    pools: list[State] = []
+    core, mixed = floor_states(ctx, pricer, deadline, max_actions, price=False, pools_out=pools)
     lead: list[State] = []
     if depth:
         mixed = mixed + [st for st in depth_states(ctx) if st not in core]
         joint = joint_depth_state(ctx)
         if joint is not None and joint not in core:
             lead.append(joint)
-    return RulePool(core, mixed, lead)
+    return RulePool(core, mixed, lead, pools)
 
 
 def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
