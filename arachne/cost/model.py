@@ -168,6 +168,7 @@ class CostModel:
         self._pipe_sigs: dict[tuple, tuple] = {}
         self._pipe_ids: dict[tuple, tuple] = {}  # pipelines' stage objects (by identity) -> their signature
         self._sync_cache: dict[tuple, tuple] = {}
+        self._starts: dict[int, tuple] = {}
         self._dev_flops: dict[str, dict[str, float]] = {}
         self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw)
                             for n in cluster.nodes}
@@ -313,8 +314,9 @@ class CostModel:
                                  zero_shards if plan.zero_stage == 1 else 1, replicated, st.recompute)
 
     # ---- data-parallel synchronisation ---------------------------------------------------------
-    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], int]]:
-        """Per (pipeline, stage) the gradient all-reduce time, and the number of replicas of its layers.
+    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]]]:
+        """The gradient all-reduce time (the slowest stage's), and per pipeline the number of replicas of each
+        stage's layers.
         Cached by the identity of the plan's stage objects (a search re-prices the same stages with other
         micro-batch counts and sizes); the entry holds them alive, so equal ids are the same stages."""
         key = (model.key, plan.precision, tuple(tuple(map(id, p.stages)) for p in plan.pipelines))
@@ -325,12 +327,12 @@ class CostModel:
             hit = self._sync_cache[key] = ([p.stages for p in plan.pipelines], self._new_sync(model, plan))
         return hit[1]
 
-    def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], int]]:
+    def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]]]:
         prec = plan.precision
         grad_b = 4.0 if prec == "fp32" else 2.0
         L = model.num_layers
         # segment boundaries: every stage boundary of every pipeline
-        starts = [tuple(st.layers[0] for st in p.stages) for p in plan.pipelines]
+        starts = [self._stage_starts(p) for p in plan.pipelines]
         bounds = sorted({0, L}.union(*starts))
         # pipelines with the same stage boundaries hold the same layers stage by stage: aggregate them
         shapes: dict[tuple[int, ...], list[int]] = {}
@@ -385,14 +387,23 @@ class CostModel:
                     t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, concurrent=max_tp)
             for k, si in held:
                 agg[k][3][si] += t
-        per_stage: dict[tuple[int, int], float] = {}
-        replicas: dict[tuple[int, int], int] = {}
-        for (st_starts, _, mins, times), pis in zip(agg, shapes.values()):
+        replicas: list[tuple[int, ...]] = [()] * len(plan.pipelines)
+        t_sync = 0.0
+        for (_, _, mins, times), pis in zip(agg, shapes.values()):
+            reps = tuple(mins)
             for pi in pis:
-                for si in range(len(st_starts)):
-                    replicas[(pi, si)] = mins[si]
-                    per_stage[(pi, si)] = times[si]
-        return per_stage, replicas
+                replicas[pi] = reps
+            t_sync = max(t_sync, max(times))
+        return t_sync, replicas
+
+    def _stage_starts(self, p) -> tuple[int, ...]:
+        """A pipeline's first layer per stage, cached by identity (the entry holds the pipeline alive)."""
+        hit = self._starts.get(id(p))
+        if hit is None:
+            if len(self._starts) >= IDENTITY_CACHE_SIZE:
+                self._starts.clear()
+            hit = self._starts[id(p)] = (p, tuple(st.layers[0] for st in p.stages))
+        return hit[1]
 
     def _group_leader_nodes(self, st: Stage) -> tuple[tuple[str, int], ...]:
         """(node, count) of the first device of each of the stage's TP groups (they join the DP rings)."""
@@ -439,7 +450,7 @@ class CostModel:
             validate_plan(plan, self.cluster, model)
         devs = self.cluster.devices
         prec = plan.precision
-        sync_stage, replicas = self._sync(model, plan)
+        t_sync, replicas = self._sync(model, plan)
         parts: list[tuple] = []
         max_mem = 0.0
         fits = True
@@ -450,7 +461,7 @@ class CostModel:
         for pi, p in enumerate(plan.pipelines):
             S = len(p.stages)
             mbs = plan.mbs(p)
-            reps = tuple(replicas.get((pi, si), 1) for si in range(S))
+            reps = replicas[pi]
             key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
                    plan.sequence_length, plan.zero_stage)
             if key not in shapes:
@@ -468,7 +479,6 @@ class CostModel:
             parts.append((pi, p, out_rows, mems))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
-        t_sync = max(sync_stage.values(), default=0.0)
         iteration = worst_pp + t_sync + t_opt
         # breakdown of the critical pipeline, by its bottleneck stage
         pi, rows, send_f, send_b, m = crit
