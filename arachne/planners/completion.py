@@ -906,9 +906,9 @@ def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):
             pipes = list(plan.pipelines)
             for i in idxs:
                 p = plan.pipelines[i]
-                pipes[i] = Pipeline(micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
-                                    stages=tuple(s.model_copy(update={"layers": (a, b)})
-                                                 for s, a, b in zip(p.stages, edges, edges[1:])))
+                pipes[i] = Pipeline.model_construct(  # valid parts: the counts are kept, the layers checked above
+                    micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
+                    stages=tuple(s.model_copy(update={"layers": (a, b)}) for s, a, b in zip(p.stages, edges, edges[1:])))
             yield plan.model_copy(update={"pipelines": tuple(pipes)})
             made += 1
             if made >= limit:
