@@ -1314,3 +1314,22 @@ def test_a_gpu_type_split_across_node_sizes_is_pooled_into_identical_pipelines()
     got = {flag: run_planner("arachne", cl, ctx.model, job, CostModel(cl), SearchBudget(time_budget_s=30),
                              type_pools=flag)[1].tokens_per_s for flag in (False, True)}
     assert got[True] >= est.tokens_per_s > 1.02 * got[False]
+
+
+def test_a_longer_target_screens_the_ranked_pool_past_the_default_pass():
+    """1010 GPUs of 5 classes (seed35/rob-021, Qwen2-57B-A14B): the default pass screens only the ranker's
+    first few templates; the extension screens further and finds the mixed Gaudi2 + A100 pipelines
+    (245,924 -> 292,760 tokens/s at --target 2), never below the default pass's plan."""
+    cl = cluster_from_dict({"name": "rob-021", "nodes": [
+        {"name": "g{i}", "count": 10, "gpu": "Gaudi2-HL225-c0", "gpus_per_node": 8},
+        {"name": "t2-{i}", "count": 89, "gpu": "T4", "gpus_per_node": 2},
+        {"name": "t4-{i}", "count": 45, "gpu": "T4", "gpus_per_node": 4},
+        {"name": "p{i}", "count": 174, "gpu": "A100-PCIE-40", "gpus_per_node": 2},
+        {"name": "a{i}", "count": 28, "gpu": "A100-40", "gpus_per_node": 8, "zone": "row-3"}],
+        "gpu_types": [{"name": "Gaudi2-HL225-c0", "memory_gb": 96, "peak_tflops": 432, "memory_bandwidth_gbps": 2450,
+                       "intra_node_gbps": 600, "inter_node_gbps": 300, "intra_node_link": "other",
+                       "gpus_per_node": 1}]})
+    model, job = model_catalog().get("Qwen2-57B-A14B"), Job(global_batch_size=256, sequence_length=512)
+    got = {t: run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=30),
+                          target_s=t)[1].tokens_per_s for t in (0.8, 2.0)}
+    assert got[2.0] >= 1.1 * got[0.8]

@@ -413,7 +413,7 @@ class RulePool(NamedTuple):
     core: list[State]
     rest: list[State]
     lead: list[State]
-    pools: list[State] = []
+    pools: tuple[State, ...] | list[State] = ()
 
 
 def rule_pool(ctx: PlanningContext, pricer: Pricer, deadline: Deadline | None = None, max_actions: int = 0,
