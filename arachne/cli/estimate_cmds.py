@@ -44,12 +44,16 @@ def register(app: typer.Typer) -> None:
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
-        est = _cost_model(cl, profiles).estimate(pl.model_copy(update={"model": model.name})
-                                                  if isinstance(pl.model, str) else pl, validate=False)
+        cm = _cost_model(cl, profiles)
+        est = cm.estimate(pl.model_copy(update={"model": model.name}) if isinstance(pl.model, str) else pl,
+                          validate=False)
         if as_json:
             print(json.dumps(est.to_doc(), indent=2))
             return
-        console.print(plan_report(pl, est))
+        from arachne.cost.ceiling import throughput_ceiling
+
+        ceiling = throughput_ceiling(cm, model, pl.global_batch_size, pl.sequence_length, pl.precision)
+        console.print(plan_report(pl, est, ceiling_tokens_per_s=ceiling.tokens_per_s))
 
     @app.command("validate-plan")
     @handle_errors

@@ -96,8 +96,8 @@ def summary_table(plan: Plan, est: Estimate, planning_time_s: float | None = Non
     t.add_row("throughput", f"{est.tokens_per_s:,.0f} tokens/s  ({est.samples_per_s:,.2f} samples/s)")
     t.add_row("MFU", f"{est.mfu:.1%}")
     if ceiling_tokens_per_s:
-        t.add_row("compute ceiling", f"{ceiling_tokens_per_s:,.0f} tokens/s  (this plan reaches "
-                                     f"{est.tokens_per_s / ceiling_tokens_per_s:.0%}; no plan can pass it)")
+        t.add_row("compute ceiling", f"{ceiling_tokens_per_s:,.0f} tokens/s on the whole cluster, which no plan "
+                                     f"can pass (this one reaches {est.tokens_per_s / ceiling_tokens_per_s:.0%})")
     t.add_row("peak memory", fmt_bytes(est.max_memory_bytes))
     t.add_row("fits", Text("yes", style="green") if est.fits else Text("NO", style="bold red"))
     for k, v in est.breakdown.items():
