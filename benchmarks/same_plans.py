@@ -59,7 +59,7 @@ def run(args) -> None:
     opts = json.loads(args.options)
     with open(args.out, "w") as fh:
         total = 0.0
-        for name, cl, model, job in problems(args.sweeps):
+        for name, cl, model, job in problems(args.sweeps)[: args.limit or None]:
             t0 = time.perf_counter()
             _, est, res = run_planner("arachne", cl, model_catalog().get(model), job, CostModel(cl),
                                       SearchBudget(time_budget_s=60), **opts)
@@ -71,7 +71,11 @@ def run(args) -> None:
 
 
 def compare(args) -> None:
-    a, b = ([json.loads(line) for line in Path(p).read_text().splitlines()] for p in (args.a, args.b))
+    try:
+        a, b = ([json.loads(line) for line in Path(p).read_text().splitlines()] for p in (args.a, args.b))
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if [r["case"] for r in a] != [r["case"] for r in b]:
         print("error: the two files plan different problems", file=sys.stderr)
         sys.exit(2)
@@ -91,6 +95,7 @@ def main() -> None:
     r.add_argument("--sweeps", nargs="*", type=Path, default=[])
     r.add_argument("--options", default="{}", help="ArachnePlanner options as a JSON object")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--limit", type=int, default=0, help="only the first N problems")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")

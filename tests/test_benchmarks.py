@@ -137,3 +137,22 @@ def test_ceiling_bounds_every_stored_plan_of_a_sweep(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ceiling.py"), str(tmp_path / "nope.json")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "nope.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_same_plans_runs_and_compares(tmp_path):
+    script = str(ROOT / "benchmarks" / "same_plans.py")
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for out in (a, b):
+        res = subprocess.run([sys.executable, script, "run", "--limit", "2", "--out", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+    res = subprocess.run([sys.executable, script, "compare", str(a), str(b)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "differ in 0" in res.stdout
+    rows = [json.loads(line) for line in b.read_text().splitlines()]
+    rows[1]["tokens_per_s"] *= 1.01
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = subprocess.run([sys.executable, script, "compare", str(a), str(b)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "differ in 1" in res.stdout
+    res = subprocess.run([sys.executable, script, "compare", str(a), str(tmp_path / "nope.jsonl")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "nope.jsonl" in res.stderr and "Traceback" not in res.stderr
