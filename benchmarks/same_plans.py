@@ -71,11 +71,14 @@ def run(args) -> None:
 
 
 def compare(args) -> None:
-    try:
-        a, b = ([json.loads(line) for line in Path(p).read_text().splitlines()] for p in (args.a, args.b))
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    def read(path: str) -> list[dict]:
+        try:
+            return [json.loads(line) for line in Path(path).read_text().splitlines()]
+        except (OSError, ValueError) as e:
+            print(f"error: {path}: not a same_plans.py run output ({type(e).__name__}: {e})", file=sys.stderr)
+            sys.exit(2)
+
+    a, b = read(args.a), read(args.b)
     if [r["case"] for r in a] != [r["case"] for r in b]:
         print("error: the two files plan different problems", file=sys.stderr)
         sys.exit(2)
