@@ -34,7 +34,8 @@ from rich.table import Table
 from arachne.cost import CostModel
 from arachne.cost.ceiling import throughput_ceiling
 from arachne.errors import NoFeasiblePlanError
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.gpus import gpu_catalog
 from arachne.spec.job import Job

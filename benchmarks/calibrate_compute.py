@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ from arachne.cost.compute import ComputeModel
 from arachne.profiles.format import default_profile_db
 from arachne.spec.gpus import gpu_catalog
 from arachne.spec.model import model_catalog
-
 
 # OPT-30's A100-40 blocks run at ~18 TFLOPS, the plain-fp32 rate, while every other A100/GH200
 # profile runs at TF32 rates: a different profiling setup, so it is left out of the fit.

@@ -28,7 +28,8 @@ from rich.console import Console
 
 from arachne.cost import CostModel
 from arachne.errors import NoFeasiblePlanError
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import load_cluster
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog

@@ -31,8 +31,9 @@ from rich.console import Console
 from rich.table import Table
 
 from arachne.cost import CostModel
-from arachne.planners.base import SearchBudget
-from arachne.report.compare import CompareRow, ensure_registered, default_planners, run_compare
+from arachne.planners.harness import CompareRow, default_planners, run_compare
+from arachne.planners.protocol import SearchBudget
+from arachne.planners.registry import planner_factory
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import load_model
@@ -127,7 +128,7 @@ def planners_for(case: Case, chosen: list[str] | None) -> list[str]:
     model = load_model(case.model)
     names = chosen or default_planners(model)
     for n in names:
-        ensure_registered(n)
+        planner_factory(n)
     return names
 
 

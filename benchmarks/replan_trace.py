@@ -42,7 +42,8 @@ from arachne.cost import CostModel
 from arachne.dynamic import replan
 from arachne.errors import NoFeasiblePlanError
 from arachne.plan import Plan
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog

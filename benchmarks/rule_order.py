@@ -31,28 +31,32 @@ import importlib.util
 import random
 import statistics
 import sys
+from itertools import zip_longest
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from arachne.cost import CostModel
-from itertools import zip_longest
-
 from arachne.planners.arachne.actions import mix_replica_options
-from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import RankerEnsemble, ranked_pool, shipped_ranker, template_matrix
-from arachne.planners.arachne.search import (
-    Pricer,
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.learned.features import FeatureBuilder
+from arachne.planners.arachne.learned.policy import Policy, shipped_policy
+from arachne.planners.arachne.learned.ranker import (
+    RankerEnsemble,
+    ranked_pool,
+    shipped_ranker,
+    template_matrix,
+)
+from arachne.planners.arachne.search.beams import policy_search
+from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.arachne.search.rules import (
     _mix_proxy,
     mixed_floor_states,
     mixed_rule_state,
-    policy_search,
     rule_pool,
 )
 from arachne.planners.arachne.template import tp_options
-from arachne.planners.completion import PlanningContext
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog

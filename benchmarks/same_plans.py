@@ -19,6 +19,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -28,7 +29,8 @@ from pathlib import Path
 from arachne_eval import TIERS, cluster
 
 from arachne.cost import CostModel
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import load_cluster
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
@@ -61,11 +63,13 @@ def run(args) -> None:
         total = 0.0
         for name, cl, model, job in problems(args.sweeps)[: args.limit or None]:
             t0 = time.perf_counter()
-            _, est, res = run_planner("arachne", cl, model_catalog().get(model), job, CostModel(cl),
+            plan, est, res = run_planner("arachne", cl, model_catalog().get(model), job, CostModel(cl),
                                       SearchBudget(time_budget_s=60), **opts)
             wall = time.perf_counter() - t0
             total += wall
-            fh.write(json.dumps({"case": name, "tokens_per_s": est.tokens_per_s, "mfu": est.mfu,
+            digest = hashlib.sha256(plan.model_dump_json(exclude={"planner", "planning_time_s", "estimate"})
+                                    .encode()).hexdigest()[:16]
+            fh.write(json.dumps({"case": name, "plan": digest, "tokens_per_s": est.tokens_per_s, "mfu": est.mfu,
                                  "work_s": res.stats.notes.get("work_s"), "wall_s": round(wall, 4)}) + "\n")
     print(f"wrote {args.out}: total wall {total:.2f} s")
 
@@ -82,8 +86,9 @@ def compare(args) -> None:
     if [r["case"] for r in a] != [r["case"] for r in b]:
         print("error: the two files plan different problems", file=sys.stderr)
         sys.exit(2)
+    keys = ("plan", "tokens_per_s", "mfu", "work_s")
     differ = [(x["case"], x["tokens_per_s"], y["tokens_per_s"]) for x, y in zip(a, b)
-              if (x["tokens_per_s"], x["mfu"], x["work_s"]) != (y["tokens_per_s"], y["mfu"], y["work_s"])]
+              if tuple(x.get(k) for k in keys) != tuple(y.get(k) for k in keys)]
     wa, wb = sum(r["wall_s"] for r in a), sum(r["wall_s"] for r in b)
     print(f"{len(a)} problems; plan, MFU or work differ in {len(differ)}: {differ[:10]}")
     print(f"total wall: {wa:.2f} s ({args.a}) vs {wb:.2f} s ({args.b}), ratio {wb / wa:.3f}")

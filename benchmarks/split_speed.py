@@ -23,28 +23,32 @@ from pathlib import Path
 from arachne_eval import table, write
 from sweep_latency import arachne_cases
 
-import arachne.planners.arachne.search as search
-import arachne.planners.completion as completion
 from arachne.cost import CostModel
-from arachne.planners.base import SearchBudget, run_planner
-from arachne.planners.work import Work
+from arachne.planners.arachne.completion import price, split
+from arachne.planners.arachne.search import refine, rules
+from arachne.planners.arachne.work_clock import Work
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 
 
 def record(paths: list[Path]) -> list[tuple]:
     """Every ``split_layers`` call made while planning the sweeps' cases (arguments only)."""
     calls: list[tuple] = []
-    original = completion.split_layers
+    original = split.split_layers
+    users = (price, rules, refine)  # the modules that call split_layers
 
     def spy(profiles, L, m, work=None, sends=None, skip_ahead=True):
         calls.append((list(profiles), L, m, None if sends is None else list(sends)))
         return original(profiles, L, m, work, sends, skip_ahead)
 
-    completion.split_layers = search.split_layers = spy
+    for mod in users:
+        mod.split_layers = spy
     try:
         for _, _, cl, model, job in arachne_cases(paths):
             run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=5.0))
     finally:
-        completion.split_layers = search.split_layers = original
+        for mod in users:
+            mod.split_layers = original
     return calls
 
 
@@ -53,7 +57,7 @@ def replay(calls: list[tuple], skip_ahead: bool, repeat: int) -> tuple[Work, flo
     t0 = time.perf_counter()
     for i in range(repeat):
         for profiles, L, m, sends in calls:
-            r = completion.split_layers(profiles, L, m, work, sends, skip_ahead)
+            r = split.split_layers(profiles, L, m, work, sends, skip_ahead)
             if i == 0:
                 results.append(None if r is None else r[1])
     return work, time.perf_counter() - t0, results

@@ -26,7 +26,8 @@ from robustness import fail, read_runs
 
 from arachne.cost import CostModel
 from arachne.errors import InputError
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import Cluster, load_cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec, model_catalog

@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from arachne.cost import CostModel
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog

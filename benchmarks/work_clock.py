@@ -4,7 +4,7 @@ plans reproducible.
 ``fit``: runs the planner on the wall clock, and on the work clock with the current rates, over random production-like problems (robustness.py's
 generator, seeds not used by its evaluation) at several targets, in one process with a fresh cost
 model per problem (as the CLI has), records the work each run requested and the wall time it took,
-and fits non-negative seconds-per-unit rates (``arachne.planners.work.RATES``) by relative error.
+and fits non-negative seconds-per-unit rates (``arachne.planners.arachne.work_clock.RATES``) by relative error.
 Prints the rates and the fit's error. Runs on the work clock show where the current rates undercharge,
 so a second fit after installing the first converges.
 
@@ -39,8 +39,8 @@ from rich.table import Table
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.planner import ArachnePlanner
-from arachne.planners.base import SearchBudget
-from arachne.planners.work import RATES, WORK_FIELDS, Work
+from arachne.planners.arachne.work_clock import RATES, WORK_FIELDS, Work
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
@@ -124,7 +124,7 @@ def install(rates: dict[str, float]) -> None:
     """Write ``rates`` into the RATES table of arachne/planners/work.py."""
     import textwrap
 
-    import arachne.planners.work as work
+    import arachne.planners.arachne.work_clock as work
 
     path = Path(work.__file__)
     text = path.read_text()

@@ -12,19 +12,17 @@ from hypothesis import strategies as hst
 from arachne.cost import CostModel
 from arachne.plan import validate_plan
 from arachne.planners.arachne.actions import Action, State, class_actions
-from arachne.planners.arachne.features import FEATURE_DIM, FeatureBuilder
-from arachne.planners.arachne.policy import Policy
+from arachne.planners.arachne.completion.batch import share_micro_batches, share_samples
+from arachne.planners.arachne.completion.place import place
+from arachne.planners.arachne.completion.price import price_template
+from arachne.planners.arachne.completion.split import split_layers
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.learned.features import FEATURE_DIM, FeatureBuilder
+from arachne.planners.arachne.learned.policy import Policy
 from arachne.planners.arachne.template import Group, Slot, Template
-from arachne.planners.base import SearchBudget, run_planner
-from arachne.planners.completion import (
-    PlanningContext,
-    place,
-    price_template,
-    share_micro_batches,
-    share_samples,
-    split_layers,
-)
-from arachne.planners.work import Work
+from arachne.planners.arachne.work_clock import Work
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
@@ -96,7 +94,7 @@ def test_send_split_is_contiguous_and_no_slower(shares):
 
 
 def synthetic_profile(times, mem, cap, emb=0.3, head=0.5):
-    from arachne.planners.completion import SlotProfile
+    from arachne.planners.arachne.context import SlotProfile
 
     zeros = np.zeros(len(times) + 1)
     return SlotProfile(np.concatenate([[0.0], np.cumsum(times)]), emb, head, 1.0,
@@ -364,7 +362,7 @@ def test_training_pipeline_runs_end_to_end(tmp_path):
     assert (tmp_path / "policy.npz").exists() and (tmp_path / "curve.png").exists()
     assert len(info["rounds"]) == 2 and info["decisions"] > 0
     ctx = ctx_for()
-    from arachne.planners.arachne.search import policy_search
+    from arachne.planners.arachne.search.beams import policy_search
 
     states = policy_search(ctx, Policy.load(tmp_path / "policy.npz"), k=4)
     assert states and all(len(s.actions) == len(ctx.classes) for s in states)
@@ -401,7 +399,8 @@ def test_stage_order_placement_packs_replicas_of_a_stage_together():
 def test_stage_order_wins_when_gradient_sync_dominates():
     """Many replicas of a large model on a slow network: the priced completion keeps the placement whose
     all-reduce stays inside nodes."""
-    from arachne.planners.completion import placements, price_template
+    from arachne.planners.arachne.completion.place import placements
+    from arachne.planners.arachne.completion.price import price_template
 
     cl = cluster_from_dict({"name": "s", "nodes": [{"name": "a{i}", "count": 4, "gpu": "A100-80", "gpus_per_node": 8,
                                                     "inter_node_gbps": 10}]})
@@ -424,7 +423,8 @@ def test_teacher_labels_value_decisions_by_their_best_completion():
 
 
 def test_screening_is_a_cheaper_lower_bound_of_full_pricing():
-    from arachne.planners.arachne.search import Pricer, floor_states
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import floor_states
 
     ctx = ctx_for("LLaMA-2-7B", gbs=64)
     core, mixed = floor_states(ctx, Pricer(ctx), price=False)
@@ -472,7 +472,7 @@ def five_type_cluster():
 
 
 def test_graded_mixed_rule_widens_tp_on_slower_types_and_may_leave_slow_classes_out():
-    from arachne.planners.arachne.search import mixed_rule_state
+    from arachne.planners.arachne.search.rules import mixed_rule_state
 
     ctx = ctx_for("LLaMA-2-13B", gbs=256, seq=4096, cluster=five_type_cluster())
     names = [c.gpu.name for c in ctx.classes]
@@ -488,7 +488,11 @@ def test_graded_mixed_rule_widens_tp_on_slower_types_and_may_leave_slow_classes_
 @pytest.mark.parametrize("model", ["LLaMA-2-13B", "Mixtral-8x7B"])
 def test_mixed_rules_are_valid_distinct_and_keep_the_plain_rule_early(model):
     from arachne.planners.arachne.actions import mix_replica_options
-    from arachne.planners.arachne.search import may_fit, mixed_floor_states, mixed_rule_state
+    from arachne.planners.arachne.search.rules import (
+        may_fit,
+        mixed_floor_states,
+        mixed_rule_state,
+    )
 
     ctx = ctx_for(model, gbs=256, seq=4096, cluster=five_type_cluster())
     states = mixed_floor_states(ctx)
@@ -508,7 +512,7 @@ def test_mixed_rules_are_valid_distinct_and_keep_the_plain_rule_early(model):
 
 
 def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
-    from arachne.planners.arachne.search import _mix_proxy, mixed_rule_state
+    from arachne.planners.arachne.search.rules import _mix_proxy, mixed_rule_state
 
     cl = cluster_from_dict({"name": "slow", "nodes": [
         {"name": "h{i}", "count": 4, "gpu": "H100", "gpus_per_node": 8},
@@ -521,7 +525,10 @@ def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
 
 
 def test_moe_mixed_rule_spreads_stages_over_the_node_with_experts_sharded():
-    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state
+    from arachne.planners.arachne.search.rules import (
+        mixed_floor_states,
+        mixed_rule_state,
+    )
 
     ctx = ctx_for("Mixtral-8x7B", gbs=256, seq=4096, cluster=five_type_cluster())
     st = mixed_rule_state(ctx, 2, 1, j=2, experts=True)
@@ -565,7 +572,7 @@ def test_on_a_crawling_inter_node_network_the_job_stays_in_one_node():
         {"name": "b{i}", "count": 4, "gpu": "B200", "gpus_per_node": 8, "inter_node_gbps": 1.25}]})
     m, job = model_catalog().get("Qwen2-57B-A14B"), Job(global_batch_size=256, sequence_length=1024)
     ctx = PlanningContext(cl, m, job, CostModel(cl))
-    from arachne.planners.arachne.search import Pricer
+    from arachne.planners.arachne.search.pricer import Pricer
 
     in_node = Pricer(ctx).price_state(State(0, (Action("own", 4, 1, 1, 2, 1),)))
     # a 2 s target: the default pass, then more; keeps a slow CI machine from deciding the outcome
@@ -592,7 +599,7 @@ def test_deeper_homogeneous_pipelines_with_an_even_batch_share_are_tried():
         {"name": "p{i}", "count": 34, "gpu": "B200", "gpus_per_node": 2, "inter_node_gbps": 25},
         {"name": "e{i}", "count": 8, "gpu": "B200", "gpus_per_node": 8, "inter_node_gbps": 3.125}]})
     m, job = model_catalog().get("OPT-350M"), Job(global_batch_size=384, sequence_length=512)
-    from arachne.planners.arachne.search import Pricer
+    from arachne.planners.arachne.search.pricer import Pricer
 
     ctx = PlanningContext(cl, m, job, CostModel(cl))
     pairs = next(c.index for c in ctx.classes if c.node_size == 2)
@@ -603,7 +610,7 @@ def test_deeper_homogeneous_pipelines_with_an_even_batch_share_are_tried():
 
 
 def test_replica_moves_reach_the_nearest_even_batch_shares():
-    from arachne.planners.arachne.search import replica_moves
+    from arachne.planners.arachne.search.refine import replica_moves
 
     cl = cluster_from_dict({"name": "r", "nodes": [{"name": "a{i}", "count": 5, "gpu": "A100-80", "gpus_per_node": 8},
                                                    {"name": "v{i}", "count": 3, "gpu": "V100-32", "gpus_per_node": 8}]})
@@ -619,7 +626,7 @@ def test_replica_moves_reach_the_nearest_even_batch_shares():
 
 
 def test_adjacent_stage_counts_fill_the_grid_gaps():
-    from arachne.planners.arachne.search import adjacent_stages
+    from arachne.planners.arachne.search.refine import adjacent_stages
 
     cl = cluster_from_dict({"name": "a", "nodes": [{"name": "a{i}", "count": 7, "gpu": "A100-80", "gpus_per_node": 8}]})
     ctx = ctx_for("LLaMA-2-70B", gbs=16, cluster=cl)
@@ -632,7 +639,8 @@ def test_adjacent_stage_counts_fill_the_grid_gaps():
 
 
 def test_balanced_stage_moves_find_the_counts_that_split_evenly():
-    from arachne.planners.arachne.search import Pricer, balanced_stage_moves
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.refine import balanced_stage_moves
 
     # 40 blocks plus the embedding and head: 14 stages of 3 "layers" each; the grid's 12 and 16 are
     # uneven, and 14 stages of 32 H100 replicas price faster than 16 stages of 28
@@ -655,7 +663,7 @@ def test_balanced_stage_moves_find_the_counts_that_split_evenly():
 
 def test_further_refinement_starts_are_the_next_best_distinct_templates():
     from arachne.planners.arachne.planner import _next_starts
-    from arachne.planners.arachne.search import Pricer
+    from arachne.planners.arachne.search.pricer import Pricer
 
     pricer = Pricer(ctx_for())
     a = [State(0, (Action("own", 1, 1, 1, S, 1), Action("skip"))) for S in (1, 2, 4, 8)]
@@ -666,7 +674,7 @@ def test_further_refinement_starts_are_the_next_best_distinct_templates():
 
 
 def test_neighbours_end_with_the_same_gpus_split_another_way_between_tp_and_dp():
-    from arachne.planners.arachne.search import _neighbours
+    from arachne.planners.arachne.search.refine import _neighbours
 
     cur = Action("own", 2, 2, 1, 8, 3)
     options = [Action("own", 4, 1, 1, 8, 3), Action("own", 2, 2, 1, 4, 6), Action("own", 4, 2, 1, 8, 1),
@@ -686,7 +694,8 @@ def test_an_unreachable_ray_address_is_a_one_line_input_error():
 
 
 def test_depth_actions_find_the_depth_between_all_reduce_and_bubbles():
-    from arachne.planners.arachne.search import Pricer, depth_actions, rule_own_actions
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import depth_actions, rule_own_actions
 
     # a batch of 128 on 468 T4s behind 25 Gb/s: the fewest stages that fit all-reduce every weight over
     # ~117 replicas, the deepest leave most GPUs in bubbles; between them a tp 4 pipeline of 5-12 stages
@@ -703,7 +712,7 @@ def test_depth_actions_find_the_depth_between_all_reduce_and_bubbles():
 
 
 def test_offgrid_regroupings_split_an_offgrid_stage_count_another_way():
-    from arachne.planners.arachne.search import offgrid_regroupings
+    from arachne.planners.arachne.search.refine import offgrid_regroupings
 
     cl = cluster_from_dict({"name": "t", "nodes": [{"name": "t{i}", "count": 117, "gpu": "T4", "gpus_per_node": 4}]})
     ctx = ctx_for("LLaMA-3-8B", gbs=128, seq=2048, cluster=cl)
@@ -748,7 +757,7 @@ def test_a_mixed_slot_pools_the_node_sizes_of_its_gpu_type():
 
 
 def test_replica_moves_reach_the_count_a_pooled_class_fills():
-    from arachne.planners.arachne.search import replica_moves
+    from arachne.planners.arachne.search.refine import replica_moves
 
     ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
     st = State(12, (Action("mix", 1, 1, 1, 1, 12, pool=True), Action("own", 1, 1, 1, 2, 1),
@@ -764,7 +773,8 @@ def test_replica_moves_reach_the_count_a_pooled_class_fills():
 
 def test_mixed_rules_pool_a_split_gpu_type_and_try_the_count_it_fills():
     from arachne.planners.arachne.actions import type_fills
-    from arachne.planners.arachne.search import Pricer, mixed_floor_states
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import mixed_floor_states
 
     ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
     assert type_fills(ctx.classes) == [14]
@@ -778,7 +788,7 @@ def test_mixed_rules_pool_a_split_gpu_type_and_try_the_count_it_fills():
 
 
 def test_the_policy_offers_pooled_actions_only_if_its_teacher_did():
-    from arachne.planners.arachne.search import policy_search
+    from arachne.planners.arachne.search.beams import policy_search
 
     ctx = ctx_for("OPT-350M", gbs=1024, seq=1024, cluster=split_type_cluster())
     w = np.zeros((FEATURE_DIM, 1))
@@ -793,7 +803,7 @@ def test_the_policy_offers_pooled_actions_only_if_its_teacher_did():
 
 
 def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage():
-    from arachne.planners.completion import mbs_candidates
+    from arachne.planners.arachne.completion.batch import mbs_candidates
 
     job = Job(global_batch_size=128, sequence_length=1024)
     plain = Template((Group((Slot(0, 1, 1),), 8),))
@@ -812,7 +822,10 @@ def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage()
 def test_wide_rules_leave_out_the_classes_whose_nodes_are_too_narrow():
     """A small batch wants deep tp-8 stages: the rule over only the 8-GPU-node classes (V100 and T4 here,
     without the faster A100s in 4-GPU nodes) exists, and no fastest-j rule builds it."""
-    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state
+    from arachne.planners.arachne.search.rules import (
+        mixed_floor_states,
+        mixed_rule_state,
+    )
 
     cl = cluster_from_dict({"name": "w", "nodes": [
         {"name": "a{i}", "count": 2, "gpu": "A100-80", "gpus_per_node": 4},
@@ -838,8 +851,9 @@ def test_tail_stages_hang_a_slow_node_off_a_fast_pipeline():
     """Refinement from a homogeneous pipeline of 8 one-GPU H800 stages can add a whole V100 node as one
     more stage (tp x dp inside the node): no dense rule builds a mixed slot with stage-level dp, and on
     this job the tail stage beats the H800 pipeline alone (Metis's plan on seed14/rob-022)."""
-    from arachne.planners.arachne.search import Pricer, refine, tail_stages
-    from arachne.planners.base import Deadline
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.refine import refine, tail_stages
+    from arachne.planners.protocol import Deadline
 
     cl = cluster_from_dict({"name": "t", "nodes": [
         {"name": "h", "gpu": "H800", "inter_node_gbps": 100, "intra_node_gbps": 32},
@@ -862,7 +876,11 @@ def test_tail_stages_hang_a_slow_node_off_a_fast_pipeline():
 def test_mixed_rules_also_leave_out_classes_on_a_much_slower_network():
     """GH200 nodes of 4 on 3 Gb/s come first in speed order, so every fastest-j rule mixes them in; the
     rule without them mixes the GH200 nodes of 2 (92 Gb/s) with the L40S nodes (seed17/rob-009)."""
-    from arachne.planners.arachne.search import mixed_floor_states, mixed_rule_state, slow_network_classes
+    from arachne.planners.arachne.search.rules import (
+        mixed_floor_states,
+        mixed_rule_state,
+        slow_network_classes,
+    )
 
     cl = cluster_from_dict({"name": "n", "nodes": [
         {"name": "g4-{i}", "count": 4, "gpu": "GH200", "gpus_per_node": 4, "inter_node_gbps": 3.125},
@@ -884,8 +902,8 @@ def test_mixed_rules_also_leave_out_classes_on_a_much_slower_network():
 def test_offgrid_regroupings_keep_the_nearest_expert_parallelism():
     """A tp 2 x dp 4 x ep 4 MoE stage off the stage-count grid can become tp 4 x dp 2, whose dp allows
     ep 2 at most (Megatron's 14 stages of tp 4 x dp 2 on seed16/rob-012)."""
-    from arachne.planners.arachne.search import offgrid_regroupings
     from arachne.planners.arachne.actions import class_actions
+    from arachne.planners.arachne.search.refine import offgrid_regroupings
 
     cl = cluster_from_dict({"name": "m", "nodes": [{"name": "m{i}", "count": 15, "gpu": "MI300X"}]})
     ctx = ctx_for("Mixtral-8x22B", gbs=512, seq=4096, cluster=cl)
@@ -899,8 +917,9 @@ def test_refinement_regroups_a_wide_tp_group_before_trying_unused_classes():
     """With time for a few prices only, refinement still turns 10 replicas of one tp-8 stage into tp 4 x dp 2
     (Megatron's plan on seed16/rob-008): the unused L40S and A100-80 classes ahead of it in speed order have
     dozens of options each."""
-    from arachne.planners.arachne.search import Pricer, refine
-    from arachne.planners.base import Deadline
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.refine import refine
+    from arachne.planners.protocol import Deadline
 
     cl = cluster_from_dict({"name": "r", "nodes": [
         {"name": "l{i}", "count": 24, "gpu": "L40S", "gpus_per_node": 1, "inter_node_gbps": 50},
@@ -932,8 +951,9 @@ def test_deep_tail_when_too_few_slow_nodes_for_every_replica():
     """With two V100 nodes for four GH200 pipelines, every GH200 becomes one stage of a single pipeline
     and one V100 node (tp 8) its first stage: a small batch gains a stage and drops the gradient sync
     (Metis's plan at 60 s on seed10/rob-009). Its screen is loose, so it is priced from within 5%."""
-    from arachne.planners.arachne.search import Pricer, refine, tail_stages
-    from arachne.planners.base import Deadline
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.refine import refine, tail_stages
+    from arachne.planners.protocol import Deadline
 
     cl = cluster_from_dict({"name": "t", "nodes": [
         {"name": "v{i}", "count": 2, "gpu": "V100-16", "gpus_per_node": 8, "inter_node_gbps": 12.5, "zone": "r0"},
@@ -958,7 +978,8 @@ def test_moe_rules_spread_experts_over_eight_tp2_groups_across_nodes():
     """Mixtral-8x22B on 17 MI300X nodes: Megatron's tp 2 x dp 64 x ep 8 (one stage) is 8 replicas of a
     stage of tp 2 x dp 8 x ep 8 over two nodes; the node-wide tp 1 rule alone needs two stages and is
     13% slower (seed22-b20/rob-027, where arachne was at 0.934x Megatron)."""
-    from arachne.planners.arachne.search import Pricer, rule_own_actions
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import rule_own_actions
 
     cl = cluster_from_dict({"name": "m", "nodes": [{"name": "m{i}", "count": 17, "gpu": "MI300X"}]})
     ctx = ctx_for("Mixtral-8x22B", gbs=128, seq=8192, cluster=cl)
@@ -975,7 +996,7 @@ def test_moe_rules_spread_experts_over_eight_tp2_groups_across_nodes():
 def test_depth_regroupings_trade_pipeline_depth_for_stage_dp():
     """Half the stages at twice the dp (experts over the larger dp) or twice the stages at half the dp,
     the GPUs per replica unchanged; dense stages keep their dp inside a node."""
-    from arachne.planners.arachne.search import depth_regroupings
+    from arachne.planners.arachne.search.refine import depth_regroupings
 
     cl = cluster_from_dict({"name": "m", "nodes": [{"name": "m{i}", "count": 17, "gpu": "MI300X"}]})
     moe = ctx_for("Mixtral-8x22B", gbs=128, seq=8192, cluster=cl)
@@ -1044,7 +1065,7 @@ def test_on_odd_nodes_a_pipeline_uses_tp2_and_crosses_between_nodes_once():
 
 
 def test_node_contiguous_groups_interchangeable_stages_by_node():
-    from arachne.planners.completion import node_contiguous
+    from arachne.planners.arachne.completion.place import node_contiguous
 
     keys = [("H100", 2, 1, 1)] * 6 + [("H100", 1, 1, 1)] * 2
     devs = [("h0:0", "h0:1"), ("h0:2", "h0:3"), ("h1:0", "h1:1"), ("h1:2", "h1:3"), ("h0:4", "h0:5"),
@@ -1060,7 +1081,7 @@ def test_whole_node_view_keeps_every_slot_on_whole_nodes_or_inside_one():
     """Odd-sized nodes as whole-node classes (the second view): the MoE rule's tp 2 x dp 8 (16 GPUs) does not
     tile 6-GPU nodes, and placement refuses such a slot instead of handing the cost model a short stage (a
     crash on odd101/rob-001)."""
-    from arachne.planners.arachne.search import rule_own_actions
+    from arachne.planners.arachne.search.rules import rule_own_actions
     from arachne.planners.arachne.template import slot_fits_nodes
 
     cl = cluster_from_dict({"name": "six", "nodes": [{"name": "r{i}", "count": 8, "gpu": "RTX-4090",
@@ -1076,7 +1097,8 @@ def test_whole_node_view_keeps_every_slot_on_whole_nodes_or_inside_one():
 def test_moe_rule_spreads_experts_over_eight_single_gpu_nodes():
     """64 single-GPU A100 nodes on a fast network: Megatron's one stage of dp 64 x ep 4 is 8 replicas of
     dp 8 x ep 4 across nodes; the tp 1 rule alone (no experts spread) is 11% slower (odd100/rob-017)."""
-    from arachne.planners.arachne.search import Pricer, rule_own_actions
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import rule_own_actions
 
     cl = cluster_from_dict({"name": "ones", "nodes": [{"name": "a{i}", "count": 64, "gpu": "A100-80",
                                                        "gpus_per_node": 1, "inter_node_gbps": 200}]})
@@ -1117,8 +1139,9 @@ def test_refinement_moves_the_classes_in_use_before_the_unused_ones():
     """An unused slow class first in speed order (H100 pairs on 1.25 GB/s) has many options; refinement tries
     the used classes' moves first, so the A100 stages' regrouping (tp 2 -> tp 1 x dp 2) comes before them
     (odd105/rob-019, where the time ran out inside the H100 options at 0.977x Metis; the regrouping was +3.5%)."""
-    from arachne.planners.arachne.search import Pricer, refine
-    from arachne.planners.base import Deadline
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.refine import refine
+    from arachne.planners.protocol import Deadline
 
     cl = cluster_from_dict({"name": "r", "nodes": [
         {"name": "h{i}", "count": 14, "gpu": "H100", "gpus_per_node": 2, "inter_node_gbps": 1.25},
@@ -1149,7 +1172,8 @@ def a40_a10_t4_cluster():
 
 
 def test_joint_depth_state_gives_every_class_its_own_depth():
-    from arachne.planners.arachne.search import Pricer, floor_states, joint_depth_state
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import floor_states, joint_depth_state
 
     # LLaMA-2-13B fits on the T4s only when the other classes' replicas shard the optimizer state too,
     # and the fewest stages that fit (the floor's all-classes template) are not the best depth for any class
@@ -1201,7 +1225,7 @@ def h100_h800_t4_cluster():
 
 
 def test_a_head_bound_pipeline_gets_a_wider_last_stage():
-    from arachne.planners.completion import head_bound, wide_head
+    from arachne.planners.arachne.completion.price import head_bound, wide_head
 
     # DeepSeek-MoE-16B's head (a 102,400-token vocabulary) outweighs two blocks: in 16 one-GPU stages the
     # last one holds one block and the head and sets the pace; merged into one stage at tp 2 it does not
@@ -1229,8 +1253,9 @@ def test_refinement_first_pairs_a_slow_class_so_the_fast_one_gets_a_larger_micro
     """Single-GPU replicas of OPT-350M on 16 A100 and 20 V100: the V100s regrouped as 10 pairs of stage-level
     dp 2 let the plan's micro-batch double, so each A100 runs 2 sequences per micro-batch and each V100 still
     runs 1 (the pattern the exhaustive oracle found at 256 GPUs). A longer target's refinement screens it first."""
-    from arachne.planners.arachne.search import Pricer, batch_regroupings, refine
-    from arachne.planners.base import Deadline
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.refine import batch_regroupings, refine
+    from arachne.planners.protocol import Deadline
 
     cl = cluster_from_dict({"name": "p", "nodes": [
         {"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 25},
@@ -1253,7 +1278,8 @@ def test_refinement_first_pairs_a_slow_class_so_the_fast_one_gets_a_larger_micro
 def test_floor_pairs_the_classes_that_do_best_alone_past_a_fast_type_on_a_slow_network():
     """L40S pairs on a 10 Gb/s network come first by speed, but the A800 and A100 nodes do more alone: the
     floor's data-parallel core then also holds those two together without the L40S, and it prices best."""
-    from arachne.planners.arachne.search import Pricer, floor_states
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import floor_states
 
     cl = cluster_from_dict({"name": "t", "nodes": [
         {"name": "l{i}", "count": 8, "gpu": "L40S", "gpus_per_node": 2, "inter_node_gbps": 10},
@@ -1276,7 +1302,7 @@ def test_a_batch_smaller_than_a_class_gets_one_stage_across_nodes_as_megatron_ru
     """16 sequences on 32 A100 (4 nodes of 8): one stage of tp 2 x dp 16 (a sequence per group), past the
     policy's dp choices, is among the class's rule actions, and it completes to a fitting one-stage plan
     over all four nodes (odd113/rob-022: the Megatron grid's plan, 0.888x before the rule)."""
-    from arachne.planners.arachne.search import rule_own_actions
+    from arachne.planners.arachne.search.rules import rule_own_actions
 
     cl = cluster_from_dict({"name": "t", "nodes": [
         {"name": "a{i}", "count": 4, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 100}]})
@@ -1296,7 +1322,8 @@ def test_a_gpu_type_split_across_node_sizes_is_pooled_into_identical_pipelines()
     3 pipelines of 3 stages; pooled they make 5 pipelines of 3 over all 15, which beats data parallelism
     (a 7B model's whole gradient over every replica) and is what Sailor found (odd114/rob-010, 0.950x
     before the rule). The planner prices the pools once refinement is done."""
-    from arachne.planners.arachne.search import Pricer, rule_pool, type_pool_states
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import rule_pool, type_pool_states
 
     cl = cluster_from_dict({"name": "t", "nodes": [
         {"name": "b7", "count": 1, "gpu": "B200", "gpus_per_node": 7, "intra_node_gbps": 32},

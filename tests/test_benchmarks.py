@@ -49,7 +49,7 @@ def test_work_clock_fit_writes_nonnegative_rates_for_every_kind_of_work(tmp_path
                         "--targets", "0.2", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "fit_summary.json").read_text())
-    from arachne.planners.work import WORK_FIELDS
+    from arachne.planners.arachne.work_clock import WORK_FIELDS
 
     assert set(summary["rates"]) == set(WORK_FIELDS) and all(v >= 0 for v in summary["rates"].values())
     assert summary["runs"] == 6  # 3 problems x 1 target x 2 clocks

@@ -12,7 +12,6 @@ from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.model import model_catalog
 
 
-
 def two_type_cluster(per_node: int, nodes: int):
     """A fast and a half-speed GPU type, known only by their features (so priced analytically)."""
     def gpu(name: str, scale: float) -> dict:

@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from arachne.cost.model import CostModel
 from arachne.errors import InputError
-from arachne.plan import PLAN_FORMAT, Plan, load_plan, plan_errors, plan_from_dict, validate_plan
+from arachne.plan import (
+    PLAN_FORMAT,
+    load_plan,
+    plan_errors,
+    plan_from_dict,
+    validate_plan,
+)
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.model import ModelSpec, load_model
 

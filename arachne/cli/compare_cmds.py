@@ -33,8 +33,9 @@ def register(app: typer.Typer) -> None:
 
         from arachne.cli.estimate_cmds import _cost_model
         from arachne.errors import InputError
-        from arachne.planners.base import SearchBudget
-        from arachne.report.compare import compare_table, parse_planners, plot_compare, run_compare
+        from arachne.planners.harness import parse_planners, run_compare
+        from arachne.planners.protocol import SearchBudget
+        from arachne.report.compare import compare_table, plot_compare
         from arachne.spec.cluster import load_cluster
         from arachne.spec.job import Job
         from arachne.spec.model import load_model

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
 
         from arachne.cli.estimate_cmds import _cost_model
         from arachne.errors import InputError
-        from arachne.planners.base import SearchBudget, run_planner
+        from arachne.planners.harness import run_planner
+        from arachne.planners.protocol import SearchBudget
         from arachne.report.tables import plan_report
         from arachne.spec.cluster import load_cluster
         from arachne.spec.job import Job
@@ -95,7 +96,7 @@ def register(app: typer.Typer) -> None:
         from arachne.dynamic import replan
         from arachne.errors import InputError
         from arachne.plan import load_plan
-        from arachne.planners.base import SearchBudget
+        from arachne.planners.protocol import SearchBudget
         from arachne.report.tables import fmt_bytes, fmt_time, plan_report
         from arachne.spec.cluster import load_cluster
 

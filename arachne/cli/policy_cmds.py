@@ -67,7 +67,13 @@ def register(app: typer.Typer) -> None:
         console.print(f"installed into {target}")
 
     def _run(cfg, out, clusters, val_clusters, rounds):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         from arachne.planners.arachne.train.pipeline import run_pipeline
 
@@ -94,10 +100,19 @@ def register(app: typer.Typer) -> None:
         """Train the screening order: rank the policy's proposals and the rule templates together."""
         if install and add:
             raise InputError("", "--install/--add", "choose one (replace the shipped rankers, or add a member)")
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         from arachne.planners.arachne.train.learn import TrainConfig
-        from arachne.planners.arachne.train.ranker import RankerConfig, run_ranker_pipeline
+        from arachne.planners.arachne.train.ranker import (
+            RankerConfig,
+            run_ranker_pipeline,
+        )
 
         cfg = RankerConfig(clusters=clusters, val_clusters=val_clusters, workers=workers, address=address, seed=seed,
                            train=TrainConfig(hidden=128, epochs=epochs, batch_decisions=64, tau=0.05, seed=seed))
@@ -112,7 +127,7 @@ def register(app: typer.Typer) -> None:
                       f"{best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
                       f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png")
         if install or add:
-            from arachne.planners.arachne.ranker import install_ranker
+            from arachne.planners.arachne.learned.ranker import install_ranker
 
             target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
             n = install_ranker(out, target, add)
@@ -122,7 +137,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def policy_info(as_json: bool = typer.Option(False, "--json")) -> None:
         """What the shipped policy and ranker checkpoints were trained on."""
-        from arachne.planners.arachne.policy import shipped_policy
+        from arachne.planners.arachne.learned.policy import shipped_policy
 
         pol = shipped_policy()
         if pol is None:
@@ -130,7 +145,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         info = dict(pol.info)
         if as_json:
-            from arachne.planners.arachne.ranker import shipped_ranker
+            from arachne.planners.arachne.learned.ranker import shipped_ranker
 
             rk = shipped_ranker()
             members = [m.info for m in rk.members] if rk is not None else []
@@ -163,7 +178,7 @@ def register(app: typer.Typer) -> None:
         for k, v in rows:
             t.add_row(k, v)
         console.print(t)
-        from arachne.planners.arachne.ranker import shipped_ranker
+        from arachne.planners.arachne.learned.ranker import shipped_ranker
 
         rk = shipped_ranker()
         if rk is None:
@@ -189,7 +204,7 @@ def register(app: typer.Typer) -> None:
                          ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s")):
                 r.add_row(k, v)
             console.print(r)
-        from arachne.planners.arachne.policy import shipped_sha256
+        from arachne.planners.arachne.learned.policy import shipped_sha256
 
         if any(m.info.get("policy_sha256") != shipped_sha256() for m in rk.members):
             err_console.print("warning: a ranker was trained on the proposals of another policy checkpoint; "

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from arachne.cost.memory import state_bytes_per_param
 from arachne.cost.calibration import MemoryCalibration
+from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import Plan, Stage
 from arachne.spec.cluster import Cluster
 from arachne.spec.model import ModelSpec

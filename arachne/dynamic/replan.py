@@ -8,7 +8,8 @@ from typing import Any
 from arachne.cost import CostModel, Estimate
 from arachne.dynamic.migration import Migration, migration_cost
 from arachne.plan import Plan, plan_errors
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import Cluster
 from arachne.spec.model import ModelSpec
 

@@ -1,15 +1,9 @@
-"""Planners: one protocol, one registry; every planner returns `Plan`s priced by the one `CostModel`."""
+"""Planners: one protocol, one registry table, one harness; every planner returns `Plan`s priced by the
+one `CostModel`."""
 
-from arachne.planners.base import (
-    Planner,
-    PlannerResult,
-    SearchBudget,
-    SearchStats,
-    get_planner,
-    planner_names,
-    register,
-    run_planner,
-)
+from arachne.planners.harness import run_compare, run_planner
+from arachne.planners.protocol import Planner, PlannerResult, SearchBudget, SearchStats
+from arachne.planners.registry import PLANNERS, get_planner, planner_names
 
-__all__ = ["Planner", "PlannerResult", "SearchBudget", "SearchStats", "get_planner", "planner_names",
-           "register", "run_planner"]
+__all__ = ["PLANNERS", "Planner", "PlannerResult", "SearchBudget", "SearchStats", "get_planner",
+           "planner_names", "run_compare", "run_planner"]

@@ -1,122 +1,19 @@
-"""Planners side by side on one common cost model: run them, tabulate, plot a bar chart.
-
-The library half of ``arachne compare`` (the CLI only parses and renders): :func:`run_compare`
-runs each planner through :func:`arachne.planners.base.run_planner` with a fresh cost model (so a
-warm cache does not flatter later planners' planning times), and a planner that finds no fitting
-plan becomes a row with an error instead of stopping the comparison.
-"""
+"""Planners side by side, rendered: a rich table and a bar chart of the rows that
+:func:`arachne.planners.harness.run_compare` produced (this module only renders)."""
 
 from __future__ import annotations
 
-import importlib
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 from rich.table import Table
 from rich.text import Text
 
-from arachne.cost import CostModel, Estimate
-from arachne.errors import InputError, NoFeasiblePlanError
+from arachne.cost import Estimate
 from arachne.plan import Plan
-from arachne.planners.base import PLANNER_MODULES, SearchBudget, get_planner, planner_names, run_planner
+from arachne.planners.harness import CompareRow, best_throughput
 from arachne.report.tables import fmt_bytes, fmt_time
-from arachne.spec.cluster import Cluster
-from arachne.spec.job import Job
-from arachne.spec.model import ModelSpec
-
-# baselines blind to MoE also run with the EP post-pass (baselines.md §11.6)
-EP_VARIANTS = {"amp": "amp+ep", "metis": "metis+ep", "flashflex": "flashflex+ep", "sailor": "sailor+ep"}
 
 
-@dataclass
-class CompareRow:
-    """One planner's outcome: its chosen plan and estimate, or why it has none."""
-
-    planner: str
-    plan: Plan | None
-    estimate: Estimate | None
-    planning_time_s: float
-    plans_priced: int
-    error: str | None = None
-    timed_out: bool = False
-    candidates: int = 0
-    notes: dict[str, Any] = field(default_factory=dict)
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"planner": self.planner,
-                "plan": self.plan.to_doc() if self.plan is not None else None,
-                "estimate": self.estimate.to_doc(details=False) if self.estimate is not None else None,
-                "planning_time_s": self.planning_time_s, "plans_priced": self.plans_priced, "error": self.error}
-
-
-# ---- which planners ---------------------------------------------------------------------------------
-def ensure_registered(name: str) -> None:
-    """Import the module that registers ``name`` (the ``+ep`` variants live with their base planner)."""
-    base = name[:-3] if name.endswith("+ep") else name
-    mod = PLANNER_MODULES.get(base)
-    if mod is not None and importlib.util.find_spec(mod) is not None:
-        importlib.import_module(mod)
-    get_planner(name)  # raises InputError for an unknown name
-
-
-def default_planners(model: ModelSpec) -> list[str]:
-    """Every installed planner; the baselines' EP post-pass variants only for MoE models (on a dense
-    model they equal their base planner), each right after its base."""
-    installed = planner_names()
-    names: list[str] = []
-    for name in installed:
-        if name in EP_VARIANTS.values():
-            continue
-        names.append(name)
-        if model.is_moe and name in EP_VARIANTS:
-            names.append(EP_VARIANTS[name])
-    return names
-
-
-def parse_planners(text: str | None, model: ModelSpec) -> list[str]:
-    """``a,b,c`` -> names (checked); ``None`` -> :func:`default_planners`."""
-    names = default_planners(model) if not text else [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise InputError("", "--planners", "no planner given")
-    for n in names:
-        try:
-            ensure_registered(n)
-        except InputError:
-            raise InputError("", "--planners", f"unknown planner {n!r} (available: "
-                                               f"{', '.join(default_planners(model))})") from None
-    return names
-
-
-# ---- running -----------------------------------------------------------------------------------------
-def run_compare(cluster: Cluster, model: ModelSpec, job: Job, planners: list[str], budget: SearchBudget,
-                cost_model: Callable[[], CostModel] | None = None,
-                on_start: Callable[[str], None] | None = None) -> list[CompareRow]:
-    """Run each planner with the same inputs and budget; one row per planner, in the given order."""
-    make = cost_model or (lambda: CostModel(cluster))
-    rows = []
-    for name in planners:
-        if on_start:
-            on_start(name)
-        ensure_registered(name)
-        cm = make()
-        t0 = time.perf_counter()
-        try:
-            plan, est, result = run_planner(name, cluster, model, job, cm, budget)
-            stats = result.stats
-            rows.append(CompareRow(name, plan, est, stats.wall_time_s, stats.plans_priced, None, stats.timed_out,
-                                   stats.candidates, dict(stats.notes)))
-        except NoFeasiblePlanError as exc:
-            rows.append(CompareRow(name, None, None, time.perf_counter() - t0, cm.estimates, str(exc)))
-    return rows
-
-
-def best_throughput(rows: list[CompareRow]) -> float:
-    return max((r.estimate.tokens_per_s for r in rows if r.estimate is not None), default=0.0)
-
-
-# ---- rendering ---------------------------------------------------------------------------------------
 def _values(xs: list[int]) -> str:
     lo, hi = min(xs), max(xs)
     return str(lo) if lo == hi else f"{lo}-{hi}"

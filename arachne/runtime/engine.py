@@ -25,7 +25,14 @@ from torch import Tensor
 from arachne.plan import Plan, plan_from_dict
 from arachne.runtime import checkpoint as ckpt
 from arachne.runtime.layout import Layout, ParamSpec, Role, Route
-from arachne.runtime.model import LOCAL, Comm, ParamStore, StageModel, shard, synthetic_tokens
+from arachne.runtime.model import (
+    LOCAL,
+    Comm,
+    ParamStore,
+    StageModel,
+    shard,
+    synthetic_tokens,
+)
 from arachne.spec.model import ModelSpec
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}

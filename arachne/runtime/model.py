@@ -20,8 +20,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from arachne.runtime.layout import (ParamSpec, attention_heads, block_specs, embedding_specs, head_specs,
-                                    head_weight_name, local_experts, split_range)
+from arachne.runtime.layout import (
+    ParamSpec,
+    attention_heads,
+    block_specs,
+    embedding_specs,
+    head_specs,
+    head_weight_name,
+    local_experts,
+    split_range,
+)
 from arachne.spec.model import ModelSpec
 
 INIT_STD = 0.02

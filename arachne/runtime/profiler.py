@@ -24,7 +24,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from arachne.profiles.format import (BlockTimes, MemoryProfile, PassTimes, ProfileDocument, ProfileEntry)
+from arachne.profiles.format import (
+    BlockTimes,
+    MemoryProfile,
+    PassTimes,
+    ProfileDocument,
+    ProfileEntry,
+)
 from arachne.runtime.model import LOCAL, Block, Comm, Embedding, Head, ParamStore
 from arachne.spec.model import ModelSpec
 

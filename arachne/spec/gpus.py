@@ -7,8 +7,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Literal
 
-from arachne.errors import load_yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from arachne.errors import load_yaml
 
 GB = 1e9
 TFLOPS = 1e12

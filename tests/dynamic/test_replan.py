@@ -15,7 +15,8 @@ from arachne.cost.calibration import MemoryCalibration
 from arachne.cost.memory import state_bytes_per_param
 from arachne.dynamic import migration_cost, replan
 from arachne.plan import Pipeline, Plan, Stage, validate_plan
-from arachne.planners.base import SearchBudget, run_planner
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog

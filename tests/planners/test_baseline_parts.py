@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from arachne.plan import Pipeline, Plan, Stage, plan_errors
-from arachne.planners._baseline_common import (
+from arachne.planners.baselines.common import (
     divisors,
     even_split,
     expert_parallel_postpass,
@@ -18,14 +18,22 @@ from arachne.planners._baseline_common import (
     minmax_partition,
     uniform_subcluster,
 )
-from arachne.planners.flashflex import chain_parts, gpipe_steps, kway_partition
-from arachne.planners.metis import (
+from arachne.planners.baselines.flashflex import (
+    chain_parts,
+    gpipe_steps,
+    kway_partition,
+)
+from arachne.planners.baselines.metis import (
     compute_balance,
     device_group_sequences,
     permutation_units,
     rebalance_shares,
 )
-from arachne.planners.sailor import compositions, dp_candidates, uniform_ext_split
+from arachne.planners.baselines.sailor import (
+    compositions,
+    dp_candidates,
+    uniform_ext_split,
+)
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.model import load_model
 

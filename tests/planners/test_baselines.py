@@ -10,9 +10,10 @@ import pytest
 from arachne.cost import CostModel
 from arachne.errors import NoFeasiblePlanError
 from arachne.plan import Pipeline, Plan, Stage, plan_errors
-from arachne.planners._baseline_common import ep_variants
-from arachne.planners.base import PlannerResult, SearchBudget, get_planner, run_planner
-from arachne.report.compare import ensure_registered
+from arachne.planners.baselines.common import ep_variants
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import PlannerResult, SearchBudget
+from arachne.planners.registry import get_planner, planner_factory
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import load_model, model_catalog
@@ -45,7 +46,7 @@ def job(gbs: int = 64, seq: int = 2048) -> Job:
 @lru_cache(maxsize=None)
 def planned(planner: str, cl: str, model: str, gbs: int = 64, budget: float = 30.0,
             options: tuple = ()) -> PlannerResult:
-    ensure_registered(planner)
+    planner_factory(planner)
     c = cluster(cl)
     return get_planner(planner, **dict(options)).plan(c, load_model(model), job(gbs), CostModel(c),
                                                       SearchBudget(time_budget_s=budget, top_k=8))
@@ -54,7 +55,7 @@ def planned(planner: str, cl: str, model: str, gbs: int = 64, budget: float = 30
 @lru_cache(maxsize=None)
 def best(planner: str, cl: str, model: str, gbs: int = 64, options: tuple = ()):
     """(plan, estimate) chosen by the harness (run_planner)."""
-    ensure_registered(planner)
+    planner_factory(planner)
     c = cluster(cl)
     plan, est, _ = run_planner(planner, c, load_model(model), job(gbs), CostModel(c),
                                SearchBudget(time_budget_s=30.0), **dict(options))
@@ -147,7 +148,7 @@ def test_megatron_oblivious_uses_all_types_and_is_paced_by_the_slow_ones() -> No
 # ---- budgets -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("planner", ["metis", "sailor", "amp", "flashflex", "megatron"])
 def test_tiny_budget_returns_quickly(planner: str) -> None:
-    ensure_registered(planner)
+    planner_factory(planner)
     c = cluster("big64")
     t0 = time.perf_counter()
     res = get_planner(planner).plan(c, load_model("GPT-3-1.3B"), job(256), CostModel(c),
@@ -209,7 +210,7 @@ def test_flashflex_is_seeded() -> None:
 
 
 def test_no_fit_raises() -> None:
-    ensure_registered("metis")
+    planner_factory("metis")
     c = cluster("mixed8")
     with pytest.raises(NoFeasiblePlanError):
         run_planner("metis", c, load_model("LLaMA-2-70B"), job(64), CostModel(c), SearchBudget(time_budget_s=5))
@@ -219,7 +220,7 @@ def test_no_fit_raises() -> None:
 def test_a_model_bigger_than_the_cluster_fails_before_any_search(planner, monkeypatch):
     """When one copy of the model state outweighs the whole cluster's memory, no planner is run: the
     answer is known at once (a search would spend its whole budget proving it)."""
-    from arachne.planners.base import get_planner
+    from arachne.planners.registry import get_planner
 
     cl = cluster_from_dict({"name": "t", "nodes": [{"name": "t{i}", "count": 2, "gpu": "T4", "gpus_per_node": 4}]})
     cls = type(get_planner(planner))

@@ -9,12 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from arachne.cli.app import app
-from arachne.planners.base import SearchBudget
-from arachne.report.compare import compare_table, default_planners, parse_planners, run_compare
+from arachne.errors import InputError
+from arachne.planners.harness import default_planners, parse_planners, run_compare
+from arachne.planners.protocol import SearchBudget
+from arachne.report.compare import compare_table
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import load_model
-from arachne.errors import InputError
 
 CLUSTER = {"name": "mini", "nodes": [{"name": "a", "gpu": "A100-40", "gpus_per_node": 4},
                                      {"name": "v", "gpu": "V100-16", "gpus_per_node": 4}]}

@@ -8,13 +8,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from arachne.cost import CostModel
-from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import TEMPLATE_DIM, RankerEnsemble, rank_states, template_matrix
-from arachne.planners.arachne.search import Pricer, depth_states, mixed_floor_states, rule_pool
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.learned.features import FeatureBuilder
+from arachne.planners.arachne.learned.policy import Policy, shipped_policy
+from arachne.planners.arachne.learned.ranker import (
+    TEMPLATE_DIM,
+    RankerEnsemble,
+    rank_states,
+    template_matrix,
+)
+from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.arachne.search.rules import (
+    depth_states,
+    mixed_floor_states,
+    rule_pool,
+)
 from arachne.planners.arachne.train.ranker import planner_pool
-from arachne.planners.base import SearchBudget, run_planner
-from arachne.planners.completion import PlanningContext
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
@@ -149,7 +160,7 @@ def test_policy_info_reports_the_shipped_ranker():
     from typer.testing import CliRunner
 
     from arachne.cli.app import app
-    from arachne.planners.arachne.ranker import shipped_ranker
+    from arachne.planners.arachne.learned.ranker import shipped_ranker
 
     if shipped_ranker() is None:
         pytest.skip("no ranker checkpoint shipped")
@@ -165,8 +176,8 @@ def test_policy_info_reports_the_shipped_ranker():
 
 def test_the_shipped_ranker_was_trained_on_the_shipped_policy():
     """The ranker learns to order this policy's proposals: a new policy checkpoint needs a new ranker."""
-    from arachne.planners.arachne.policy import shipped_sha256
-    from arachne.planners.arachne.ranker import shipped_ranker
+    from arachne.planners.arachne.learned.policy import shipped_sha256
+    from arachne.planners.arachne.learned.ranker import shipped_ranker
 
     rk = shipped_ranker()
     if rk is None or shipped_policy() is None:
@@ -176,7 +187,7 @@ def test_the_shipped_ranker_was_trained_on_the_shipped_policy():
 
 
 def test_install_ranker_replaces_the_ensemble_or_adds_a_member(tmp_path):
-    from arachne.planners.arachne.ranker import RANKER_OUTPUTS, install_ranker
+    from arachne.planners.arachne.learned.ranker import RANKER_OUTPUTS, install_ranker
 
     out, weights = tmp_path / "run", tmp_path / "weights"
     out.mkdir()

@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from arachne.cost import CostModel
+from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.planner import ArachnePlanner
-from arachne.planners.base import Deadline, SearchBudget
-from arachne.planners.completion import PlanningContext
-from arachne.planners.work import RATES, WORK_FIELDS, Work, WorkClock
+from arachne.planners.arachne.work_clock import RATES, WORK_FIELDS, Work, WorkClock
+from arachne.planners.protocol import Deadline, SearchBudget
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
@@ -52,7 +52,7 @@ def test_the_clock_counts_work_and_charges_it_at_the_fitted_rates():
     clock = WorkClock(ctx.work, ctx.cost_model)
     assert clock() == 0.0 and clock.tally() == Work()
     from arachne.planners.arachne.actions import Action, State
-    from arachne.planners.arachne.search import Pricer
+    from arachne.planners.arachne.search.pricer import Pricer
 
     Pricer(ctx).price_state(State(0).push(Action("own", 1, 1, 1, 2, 4)))
     w = clock.tally()

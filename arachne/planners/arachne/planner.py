@@ -8,30 +8,37 @@ from itertools import zip_longest
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
-from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy, shipped_policy
-from arachne.planners.arachne.ranker import RankerEnsemble, rank_states, ranked_pool, shipped_ranker
-from arachne.planners.arachne.search import (
-    Pricer,
-    policy_search,
-    refine,
-    rule_pool,
-    teacher_search,
+from arachne.planners.arachne.completion.polish import polish_splits
+from arachne.planners.arachne.context import GROUP_WITHIN, PlanningContext
+from arachne.planners.arachne.learned.features import FeatureBuilder
+from arachne.planners.arachne.learned.policy import Policy, shipped_policy
+from arachne.planners.arachne.learned.ranker import (
+    RankerEnsemble,
+    rank_states,
+    ranked_pool,
+    shipped_ranker,
 )
-from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats, progress_bar, register
+from arachne.planners.arachne.search.beams import policy_search, teacher_search
+from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.arachne.search.refine import refine
+from arachne.planners.arachne.search.rules import rule_pool
 from arachne.planners.arachne.template import has_odd_nodes
-from arachne.planners.completion import GROUP_WITHIN, PlanningContext, polish_splits
-from arachne.planners.work import WorkClock
+from arachne.planners.arachne.work_clock import WorkClock
+from arachne.planners.protocol import (
+    Deadline,
+    PlannerResult,
+    SearchBudget,
+    SearchStats,
+    progress_bar,
+)
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
 
-
-BASE_TARGET_S = 0.8  # the default latency target, s (of work: see arachne.planners.work)
+BASE_TARGET_S = 0.8  # the default latency target, s (of work: see arachne.planners.arachne.work_clock)
 WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
 
 
-@register("arachne")
 class ArachnePlanner:
     """Top-k templates from the learned policy plus rule-based floor templates, ordered for screening
     by the learned ranker, completed and priced, then a short priced local refinement of the best one.
@@ -210,7 +217,7 @@ class ArachnePlanner:
                 teacher_search(ctx, pricer, self.teacher_beam, deadline)
                 best = pricer.best()
                 if best is None:
-                    from arachne.planners.exhaustive import all_states
+                    from arachne.planners.arachne.oracle import all_states
 
                     for st in all_states(ctx):
                         if deadline.expired() or pricer.price_state(st) > 0:

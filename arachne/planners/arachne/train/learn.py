@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arachne.planners.arachne.policy import Policy
+from arachne.planners.arachne.learned.policy import Policy
 from arachne.planners.arachne.train.teacher import Record
 
 

@@ -12,9 +12,13 @@ from typing import Callable
 
 import numpy as np
 
-from arachne.planners.arachne.policy import Policy
+from arachne.planners.arachne.learned.policy import Policy
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
-from arachne.planners.arachne.train.problems import Problem, ProblemConfig, random_problem
+from arachne.planners.arachne.train.problems import (
+    Problem,
+    ProblemConfig,
+    random_problem,
+)
 from arachne.planners.arachne.train.teacher import Labelled, Record, label
 
 

@@ -8,8 +8,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from arachne.cost.memory import state_bytes_per_param
 from arachne.cost.calibration import DEFAULT_CALIBRATION
+from arachne.cost.memory import state_bytes_per_param
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.gpus import gpu_catalog
 from arachne.spec.job import Job
@@ -89,7 +89,7 @@ def random_problem(rng: random.Random, cfg: ProblemConfig = ProblemConfig()) -> 
             if rng.random() < cfg.synthetic_gpu_share:
                 g = _synthetic_gpu(rng, f"SynthGPU-{t}")
                 custom.append(g)
-                gname, default_nics = g["name"], 1
+                gname = g["name"]
             else:
                 gname = rng.choice(catalog).name
             size = rng.choice(cfg.node_sizes)

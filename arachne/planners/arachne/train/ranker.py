@@ -13,16 +13,29 @@ from typing import Callable
 import numpy as np
 
 from arachne.cost import CostModel
-from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy, shipped_policy, shipped_sha256
-from arachne.planners.arachne.ranker import RANKER_OUTPUTS, ranked_pool, template_matrix
-from arachne.planners.arachne.search import Pricer, policy_search, rule_pool
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.learned.features import FeatureBuilder
+from arachne.planners.arachne.learned.policy import (
+    Policy,
+    shipped_policy,
+    shipped_sha256,
+)
+from arachne.planners.arachne.learned.ranker import (
+    RANKER_OUTPUTS,
+    ranked_pool,
+    template_matrix,
+)
+from arachne.planners.arachne.search.beams import policy_search
+from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.arachne.search.rules import rule_pool
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
 from arachne.planners.arachne.train.pipeline import map_tasks, write_outputs
-from arachne.planners.arachne.train.problems import Problem, ProblemConfig, random_problem
+from arachne.planners.arachne.train.problems import (
+    Problem,
+    ProblemConfig,
+    random_problem,
+)
 from arachne.planners.arachne.train.teacher import Record
-from arachne.planners.completion import PlanningContext
-
 
 
 @dataclass

@@ -9,12 +9,15 @@ import numpy as np
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import Action, State, class_actions
-from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy
-from arachne.planners.arachne.search import Pricer, floor_states, policy_search, refine, teacher_search
-from arachne.planners.base import Deadline
-from arachne.planners.completion import PlanningContext
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.learned.features import FeatureBuilder
+from arachne.planners.arachne.learned.policy import Policy
+from arachne.planners.arachne.search.beams import policy_search, teacher_search
+from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.arachne.search.refine import refine
+from arachne.planners.arachne.search.rules import floor_states
 from arachne.planners.arachne.train.problems import Problem
+from arachne.planners.protocol import Deadline
 
 
 @dataclass

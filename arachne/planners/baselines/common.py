@@ -19,7 +19,7 @@ from arachne.cost.compute import act_bytes
 from arachne.cost.memory import stage_params
 from arachne.errors import InputError
 from arachne.plan import Pipeline, Plan, Stage
-from arachne.planners.base import Deadline, PlannerResult, SearchBudget, SearchStats
+from arachne.planners.protocol import Deadline, PlannerResult, SearchBudget, SearchStats
 from arachne.spec.cluster import Cluster, Node
 from arachne.spec.gpus import GPUType
 from arachne.spec.job import Job

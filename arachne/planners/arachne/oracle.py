@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State, class_actions, mix_replica_options
-from arachne.planners.arachne.search import Pricer
-from arachne.planners.base import PlannerResult, SearchBudget, SearchStats, progress_bar, register
-from arachne.planners.completion import PlanningContext, split_neighbours
+from arachne.planners.arachne.completion.polish import split_neighbours
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.protocol import (
+    PlannerResult,
+    SearchBudget,
+    SearchStats,
+    progress_bar,
+)
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
@@ -30,7 +36,6 @@ def all_states(ctx: PlanningContext):
         yield from rec(State(r))
 
 
-@register("exhaustive")
 class ExhaustivePlanner:
     """Enumerates the whole template space, then polishes the best plans' layer splits."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from arachne.plan import Pipeline, Plan, Stage
-from arachne.planners._baseline_common import (
+from arachne.planners.baselines.common import (
     DEFAULT_MBS,
     BaselinePlanner,
     Ctx,
@@ -24,7 +24,7 @@ from arachne.planners._baseline_common import (
     powers_of_two,
     tp_allowed,
 )
-from arachne.planners.base import progress_bar, register
+from arachne.planners.protocol import progress_bar
 
 SPEEDUP_THRESHOLD = 1.5
 
@@ -79,7 +79,6 @@ class Suffix:
     comps: tuple[tuple[int, ...], ...]   # composition per stage (replicas per type)
 
 
-@register("sailor")
 class SailorPlanner(BaselinePlanner):
     """``quirks``: the update term is dropped when merging stages, and in a heterogeneous pool the
     first GPU type (alphabetical) takes the memory-floor TP only (reference code, §12)."""
@@ -299,8 +298,3 @@ class _StageDP:
         return Suffix(time, straggler, c + rest.sum_comp, t_act + rest.sum_p2p, max_ar, max_upd, c, used,
                       (comp,) + rest.comps)
 
-
-@register("sailor+ep")
-def sailor_ep(**options) -> SailorPlanner:
-    """Sailor plus the EP post-pass (aligned replicas merged into stage-level dp first)."""
-    return SailorPlanner(ep_postpass=True, **options)

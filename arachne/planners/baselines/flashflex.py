@@ -17,8 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from arachne.plan import Pipeline, Stage
-from arachne.planners._baseline_common import BaselinePlanner, Ctx, tp_allowed
-from arachne.planners.base import progress_bar, register
+from arachne.planners.baselines.common import BaselinePlanner, Ctx, tp_allowed
+from arachne.planners.protocol import progress_bar
 
 # machine-share size -> TP splits FlashFlex tries (baselines.md §5.2 step 5)
 MENU: dict[int, list[list[int]]] = {
@@ -128,7 +128,6 @@ def gpipe_steps(compute: Sequence[float], m: int) -> float:
     return total
 
 
-@register("flashflex")
 class FlashFlexPlanner(BaselinePlanner):
     """``mode``: "sweep" (Sailor's port: each pipeline count 1..N/5 once) or "walk" (upstream random
     walk over [N/L+1, N/5] for ``niter`` steps). ``quirks``: one inter-machine bandwidth for all links
@@ -340,11 +339,6 @@ class FlashFlexPlanner(BaselinePlanner):
             total += ctx.cost.network.all_reduce_time([h.devices[0] for h in holders], nbytes, concurrent=max_tp)
         return total
 
-
-@register("flashflex+ep")
-def flashflex_ep(**options) -> FlashFlexPlanner:
-    """FlashFlex plus the EP post-pass (only applies where pipelines happen to be aligned)."""
-    return FlashFlexPlanner(ep_postpass=True, **options)
 
 
 __all__ = ["FlashFlexPlanner", "chain_parts", "gpipe_steps", "kway_partition"]

@@ -21,9 +21,9 @@ import numpy as np
 
 from arachne.cost.compute import act_bytes
 from arachne.planners.arachne.actions import Action, State
-from arachne.planners.arachne.features import FeatureBuilder
-from arachne.planners.arachne.policy import Policy, load_shipped
-from arachne.planners.completion import PlanningContext
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.learned.features import FeatureBuilder
+from arachne.planners.arachne.learned.policy import Policy, load_shipped
 
 RANKER_FILE = "ranker.npz"  # the first member; further members are ranker_2.npz, ranker_3.npz, ...
 TEMPLATE_DIM = 14 + 22

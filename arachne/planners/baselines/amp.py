@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from arachne.plan import Pipeline, Stage
-from arachne.planners._baseline_common import (
+from arachne.planners.baselines.common import (
     BaselinePlanner,
     Ctx,
     divisors,
@@ -21,10 +21,9 @@ from arachne.planners._baseline_common import (
     node_tps,
     rep_group,
 )
-from arachne.planners.base import progress_bar, register
+from arachne.planners.protocol import progress_bar
 
 
-@register("amp")
 class AMPPlanner(BaselinePlanner):
     """``partition``: "dp" (AMP's pipe_ast, default) or "uniform" (Sailor's port, DeepSpeed uniform).
     ``weighted``: count-weighted mean of per-type layer times (AMP) or the unweighted mean (Sailor's port).
@@ -146,8 +145,3 @@ class AMPPlanner(BaselinePlanner):
             worst = max(worst, t)
         return worst
 
-
-@register("amp+ep")
-def amp_ep(**options) -> AMPPlanner:
-    """AMP plus the EP post-pass (baselines.md §11.6)."""
-    return AMPPlanner(ep_postpass=True, **options)

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from arachne.cost import CostModel
 from arachne.plan import Pipeline, Stage
-from arachne.planners._baseline_common import (
+from arachne.planners.baselines.common import (
     DEFAULT_MBS,
     BaselinePlanner,
     Ctx,
@@ -25,7 +25,7 @@ from arachne.planners._baseline_common import (
     types_fastest_first,
     uniform_subcluster,
 )
-from arachne.planners.base import progress_bar, register
+from arachne.planners.protocol import progress_bar
 from arachne.spec.cluster import Cluster, Node
 from arachne.spec.gpus import GPUType
 
@@ -36,7 +36,6 @@ def homogenised(cluster: Cluster, gpu: GPUType) -> Cluster:
     return Cluster(f"{cluster.name} (as {gpu.name})", nodes, cluster.catalog)
 
 
-@register("megatron")
 class MegatronPlanner(BaselinePlanner):
     """Nested loops over (tp, pp, b, ep, recompute, ZeRO-1); keep what fits; rank by the common model.
 
@@ -134,9 +133,4 @@ class MegatronPlanner(BaselinePlanner):
                     for z in zeros:
                         yield ctx.plan(dp * b, [pipe], zero_stage=z)
 
-
-@register("megatron-oblivious")
-def megatron_oblivious(**options) -> MegatronPlanner:
-    """H-b: the grid over all GPUs as if they were identical (baselines.md §2.3)."""
-    return MegatronPlanner(oblivious=True, **options)
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 from arachne.cost.network import Link
 from arachne.plan import Pipeline, Stage
-from arachne.planners._baseline_common import (
+from arachne.planners.baselines.common import (
     BaselinePlanner,
     Ctx,
     divisors,
@@ -25,7 +25,7 @@ from arachne.planners._baseline_common import (
     powers_of_two,
     tp_allowed,
 )
-from arachne.planners.base import progress_bar, register
+from arachne.planners.protocol import progress_bar
 
 HALLUCINATION = 7       # sub-layers per layer in the compute balancer
 MEMORY_COEF = 5.0       # reference code's multiplier on profiled per-layer memory (quirk)
@@ -241,7 +241,6 @@ def balance_layers(shares: list[float], weights: Sequence[float], caps: Sequence
 
 
 # ---- the planner ---------------------------------------------------------------------------------------
-@register("metis")
 class MetisPlanner(BaselinePlanner):
     """``variance``/``max_permute_len``: Metis' key ideas 1 and 2 (upstream 0.5 and README 4; Sailor 0.5/10).
     ``quirks``: reference-code behaviour (§12): inter-node bandwidth read as intra-node, orderings
@@ -411,11 +410,6 @@ class MetisPlanner(BaselinePlanner):
             return link.time(nbytes / max(1, min(len(src), len(dst))))
         return net.p2p_time(list(src), list(dst), nbytes)
 
-
-@register("metis+ep")
-def metis_ep(**options) -> MetisPlanner:
-    """Metis plus the EP post-pass (baselines.md §11.6)."""
-    return MetisPlanner(ep_postpass=True, **options)
 
 
 __all__ = ["MetisPlanner", "balance_layers", "compute_balance", "device_group_sequences"]

@@ -57,7 +57,7 @@ RATES = {
 
 class WorkClock:
     """Virtual seconds since construction: the work tallied in ``work`` (and the cost model's estimates)
-    times :data:`RATES`. Callable, so it can drive a :class:`~arachne.planners.base.Deadline`."""
+    times :data:`RATES`. Callable, so it can drive a :class:`~arachne.planners.protocol.Deadline`."""
 
     def __init__(self, work: Work, cost_model, rates: dict[str, float] | None = None):
         self.work, self.cost_model = work, cost_model

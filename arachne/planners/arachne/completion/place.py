@@ -1,0 +1,182 @@
+"""Placement: each template slot onto concrete devices (tensor-parallel groups inside a node, a replica's
+stages next to each other), and the stage orders worth trying."""
+
+from __future__ import annotations
+
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.template import (
+    DeviceClass,
+    Group,
+    Slot,
+    Template,
+    pool_classes,
+)
+
+
+def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> list[list[list[tuple[str, ...]]]] | None:
+    """Devices for every (group, replica, slot): TP groups inside a node, packed in order.
+
+    ``order="pipeline"`` packs each replica's stages next to each other (cheap point-to-point);
+    ``"stage"`` packs the same stage of all replicas together (cheap gradient all-reduce, as
+    Megatron's tp-dp-pp rank order does)."""
+    free: dict[int, list[list[str]]] = {}
+    for c in ctx.classes:
+        free[c.index] = c.node_devices()
+    cursor = {c.index: 0 for c in ctx.classes}
+
+    def take(slot) -> tuple[str, ...] | None:
+        devs = take_from(slot.cls, slot.gpus)
+        for j in pool_classes(ctx.classes[slot.cls], slot.gpus) if slot.pool and devs is None else ():
+            devs = take_from(j, slot.gpus)
+            if devs is not None:
+                break
+        return devs
+
+    def take_from(cls: int, need: int) -> tuple[str, ...] | None:
+        c = ctx.classes[cls]
+        nodes = free[cls]
+        i = cursor[cls]
+        if need >= c.node_size:
+            if need % c.node_size:  # a slot spans whole nodes or none (see template.slot_fits_nodes)
+                return None
+            k = need // c.node_size
+            while i < len(nodes) and len(nodes[i]) != c.node_size:
+                i += 1
+            j = i
+            while j < len(nodes) and j - i < k and len(nodes[j]) == c.node_size:
+                j += 1
+            if j - i < k:
+                return None
+            devs = [d for n in nodes[i:j] for d in n]
+            for n in nodes[i:j]:
+                n.clear()
+            cursor[cls] = j
+        else:
+            while i < len(nodes) and len(nodes[i]) < need:
+                i += 1
+            if i >= len(nodes):
+                return None
+            devs = nodes[i][:need]
+            del nodes[i][:need]
+            cursor[cls] = i
+        return tuple(devs)
+
+    out: list[list[list[tuple[str, ...]]]] = []
+    for g in template.groups:
+        reps: list[list[tuple[str, ...]]] = [[()] * g.num_stages for _ in range(g.replicas)]
+        cells = ([(r, j) for r in range(g.replicas) for j in range(g.num_stages)] if order == "pipeline"
+                 else [(r, j) for j in range(g.num_stages) for r in range(g.replicas)])
+        for r, j in cells:
+            devs = take(g.slots[j])
+            if devs is None:
+                return None
+            reps[r][j] = devs
+        keys = [(ctx.classes[s.cls].gpu.name, s.tp, s.dp, s.ep) for s in g.slots]
+        out.append([node_contiguous(keys, devs) for devs in reps])
+    return out
+
+
+def node_contiguous(keys: list[tuple], devs: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Reorder a pipeline's stage devices within each run of interchangeable stages (same GPU type and
+    shape) so that stages on one node are adjacent and the run starts on the node the stage before
+    it ends on: parts of one node (:func:`node_parts`) are separate classes, and placing them class
+    by class would cross between nodes at every part."""
+    node = [d[0].rsplit(":", 1)[0] for d in devs]
+    out = list(devs)
+
+    def hops(seq: list[str]) -> int:
+        return sum(a != b for a, b in zip(seq, seq[1:]))
+
+    i = 0
+    while i < len(devs):
+        j = i + 1
+        while j < len(devs) and keys[j] == keys[i]:
+            j += 1
+        run = node[i:j]
+        if len(set(run)) > 1:
+            order = list(dict.fromkeys(run))
+            if i and node[i - 1] in order:
+                order.remove(node[i - 1])
+                order.insert(0, node[i - 1])
+            rank = {n: k for k, n in enumerate(order)}
+            perm = sorted(range(j - i), key=lambda k: rank[run[k]])
+            edge = node[max(0, i - 1):i], node[j:j + 1]
+            if hops([*edge[0], *(run[k] for k in perm), *edge[1]]) < hops([*edge[0], *run, *edge[1]]):
+                out[i:j] = [devs[i + k] for k in perm]
+                node[i:j] = [run[k] for k in perm]
+        i = j
+    return out
+
+
+def placements(template: Template, ctx: PlanningContext) -> list[list[list[list[tuple[str, ...]]]]]:
+    """The placements worth pricing: pipeline order, and stage order where replicas of a stage
+    smaller than a node could share nodes."""
+    out = [p for p in (place(template, ctx),) if p is not None]
+    if any(g.replicas > 1 and any(s.gpus < ctx.classes[s.cls].node_size for s in g.slots) for g in template.groups):
+        alt = place(template, ctx, "stage")
+        if alt is not None and alt not in out:
+            out.append(alt)
+    return out
+
+
+def cap_replicas(template: Template, max_pipelines: int) -> Template:
+    """At most ``max_pipelines`` pipelines in total (each needs a micro-batch): later groups give way."""
+    if sum(g.replicas for g in template.groups) <= max_pipelines:
+        return template
+    groups, left = [], max_pipelines
+    for g in template.groups:
+        r = min(g.replicas, left)
+        if r > 0:
+            groups.append(Group(g.slots, r))
+        left -= r
+    return Template(tuple(groups))
+
+
+def stage_orders(template: Template, classes: list[DeviceClass] | None = None) -> list[Template]:
+    """The template, and with its mixed pipelines' classes in reverse order: fastest first puts the
+    output layer (large vocabularies need memory for the logits) on the slowest, often smallest, GPUs.
+    Where a pipeline runs over the parts of the same nodes (:func:`node_parts`), also node by node."""
+    out = [template]
+    if any(len({s.cls for s in g.slots}) > 1 for g in template.groups):
+        out.append(Template(tuple(Group(_reverse_classes(g.slots), g.replicas) for g in template.groups)))
+        if classes is not None:
+            groups = tuple(Group(_node_major(g.slots, classes) if g.replicas == 1 else g.slots, g.replicas)
+                           for g in template.groups)
+            if any(a.slots != b.slots for a, b in zip(groups, template.groups)):
+                out.append(Template(groups))
+    return out
+
+
+def _node_major(slots: tuple[Slot, ...], classes: list[DeviceClass]) -> tuple[Slot, ...]:
+    """Runs of slots over sibling parts of the same nodes, reordered to visit one node's parts, then the
+    next node's in reverse (``A A B C | C B A A``): one crossing between nodes instead of one per part."""
+    out: list[Slot] = []
+    i = 0
+    while i < len(slots):
+        nodes = classes[slots[i].cls].nodes
+        j = i + 1
+        while j < len(slots) and classes[slots[j].cls].nodes == nodes and not slots[j].pool:
+            j += 1
+        run = slots[i:j]
+        per_class: dict[int, list[Slot]] = {}
+        for sl in run:
+            per_class.setdefault(sl.cls, []).append(sl)
+        N = len(nodes)
+        if len(per_class) > 1 and N > 1 and not run[0].pool and all(len(v) % N == 0 for v in per_class.values()):
+            for k in range(N):
+                part = [sl for v in per_class.values() for sl in v[k * len(v) // N:(k + 1) * len(v) // N]]
+                out += part[::-1] if k % 2 else part
+        else:
+            out += run
+        i = j
+    return tuple(out)
+
+
+def _reverse_classes(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:
+    runs: list[list[Slot]] = []
+    for s in slots:
+        if runs and runs[-1][0].cls == s.cls:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return tuple(s for run in reversed(runs) for s in run)

@@ -1,0 +1,57 @@
+"""Polishing: a priced plan's layer split moved by a layer or two at stage boundaries, re-priced, kept when
+faster."""
+
+from __future__ import annotations
+
+from arachne.cost import CostModel, Estimate
+from arachne.plan import Pipeline, Plan
+
+
+def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):
+    """Plans whose stage boundaries move by up to ``radius`` layers (the same move in every replica of a
+    pipeline shape): one boundary at a time, or two neighbouring boundaries together (a stage shifts).
+    A generator, linear in the number of stages."""
+    shapes: dict[tuple, list[int]] = {}
+    for i, p in enumerate(plan.pipelines):
+        key = tuple((gpu_of(s.devices[0]) if gpu_of else s.devices[0].split(":")[0], s.tp, s.dp_size, s.layers)
+                    for s in p.stages)
+        shapes.setdefault((len(p.stages), key), []).append(i)
+    made = 0
+    for idxs in shapes.values():
+        base = plan.pipelines[idxs[0]]
+        bounds = [s.layers[0] for s in base.stages[1:]]
+        L = base.stages[-1].layers[1]
+        moves = [((i,), d) for i in range(len(bounds)) for d in range(-radius, radius + 1) if d]
+        moves += [((i, i + 1), d) for i in range(len(bounds) - 1) for d in range(-radius, radius + 1) if d]
+        for which, d in moves:
+            nb = [b + d if k in which else b for k, b in enumerate(bounds)]
+            edges = [0, *nb, L]
+            if any(b >= c for b, c in zip(edges, edges[1:])):
+                continue
+            pipes = list(plan.pipelines)
+            for i in idxs:
+                p = plan.pipelines[i]
+                pipes[i] = Pipeline.model_construct(  # valid parts: the counts are kept, the layers checked above
+                    micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
+                    stages=tuple(s.model_copy(update={"layers": (a, b)}) for s, a, b in zip(p.stages, edges, edges[1:])))
+            yield plan.model_copy(update={"pipelines": tuple(pipes)})
+            made += 1
+            if made >= limit:
+                return
+
+
+def polish_splits(plan: Plan, est: Estimate, cost_model: CostModel, radius: int = 1, limit: int = 80,
+                  deadline=None) -> tuple[Plan, Estimate]:
+    """Greedy priced moves of stage boundaries (the rule split balances modelled stage time; the
+    full estimate also sees transfers and the schedule)."""
+    best = (plan, est)
+    improved = True
+    while improved:
+        improved = False
+        for cand in split_neighbours(best[0], radius, limit, lambda d: cost_model.cluster.devices[d].gpu.name):
+            if deadline is not None and deadline.expired():
+                return best
+            e = cost_model.estimate(cand, validate=False)
+            if e.fits and e.iteration_time_s < best[1].iteration_time_s * (1 - 1e-6):
+                best, improved = (cand, e), True
+    return best

@@ -1,0 +1,133 @@
+"""Layer split: contiguous stages that balance stage time under each stage's memory (bisection on the
+bottleneck time with a greedy fill over per-layer prefix sums), optionally also balancing blocking sends."""
+
+from __future__ import annotations
+
+from arachne.cost.compute import act_bytes
+from arachne.planners.arachne.context import PlanningContext, SlotProfile
+from arachne.planners.arachne.work_clock import Work
+
+
+def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None = None,
+                 sends: list[float] | None = None,
+                 skip_ahead: bool = True) -> tuple[list[tuple[int, int]], float] | None:
+    """Contiguous split minimising the slowest stage, each stage within its memory; None if none fits.
+    ``work`` tallies the stages of every attempt (the work clock's unit). ``sends``: per stage, the time
+    its blocking point-to-point sends occupy it per micro-batch; the slowest stage time then includes
+    them (a stage behind a slow link gets fewer layers), and among the splits that reach it, compute is
+    balanced too. ``skip_ahead=False``: plain bisection, for comparison (``benchmarks/split_speed.py``)."""
+    S = len(profiles)
+    if S > L:
+        return None
+    inflight = [min(S - s, m) for s in range(S)]
+    extra = sends if sends is not None and any(sends) else [0.0] * S
+    inf = float("inf")
+    # after a failed fill: the smallest limit T (C, when C is the limit searched) at which the greedy fill
+    # would place one layer differently; below it, every fill fails the same way
+    change = [inf, inf]
+
+    def fill(T: float, C: float = inf) -> list[tuple[int, int]] | None:
+        if work is not None:
+            work.fill_stages += S
+        out, a = [], 0
+        for s, p in enumerate(profiles):
+            first, last = s == 0, s == S - 1
+            cap = min(T - extra[s], C)
+            if last:
+                if p.time(a, L, first, last) > cap or p.memory(a, L, first, last, inflight[s]) > p.capacity:
+                    return failed(T, out, (a, L))
+                out.append((a, L))
+                return out
+            lo, hi = a + 1, L - (S - 1 - s)
+            if p.time(a, lo, first, False) > cap or p.memory(a, lo, first, False, inflight[s]) > p.capacity:
+                return failed(T, out, (a, lo))
+            while lo < hi:  # largest z with time and memory within limits
+                mid = (lo + hi + 1) // 2
+                if p.time(a, mid, first, False) <= cap and p.memory(a, mid, first, False, inflight[s]) <= p.capacity:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out.append((a, lo))
+            a = lo
+        return out
+
+    def failed(T: float, placed: list[tuple[int, int]], stuck: tuple[int, int]) -> None:
+        """Record in ``change`` where a fill that failed would first place a layer differently: each placed
+        stage one layer longer, or the stage that did not fit as it is, once its cap reaches the time."""
+        change[0] = change[1] = inf
+        if not skip_ahead:
+            return None
+        grown = [(s, a, z + 1) for s, (a, z) in enumerate(placed) if z + 1 <= L - (S - 1 - s)]
+        for s, a, z in grown + [(len(placed), *stuck)]:
+            p, first, last = profiles[s], s == 0, z == L
+            if p.memory(a, z, first, last, inflight[s]) <= p.capacity:
+                t = p.time(a, z, first, last)
+                change[0] = min(change[0], t + extra[s])
+                if T - extra[s] >= t:
+                    change[1] = min(change[1], t)
+        return None
+
+    def compute(split: list[tuple[int, int]]) -> float:
+        return max(p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profiles, split)))
+
+    def slowest(split: list[tuple[int, int]]) -> float:
+        return max(p.time(a, z, i == 0, i == S - 1) + x
+                   for i, (p, (a, z), x) in enumerate(zip(profiles, split, extra)))
+
+    hi_0 = max(p.time(0, L, True, True) + x for p, x in zip(profiles, extra))
+    best = fill(hi_0)
+    if best is None:
+        return None
+    if not skip_ahead:
+        hi_t, best = _bisect(fill, hi_0, best)
+        if extra is not sends:
+            return best, hi_t
+        return _bisect(lambda c: fill(hi_t, c), compute(best), best)[1], hi_t
+    hi_t, best = _bisect(fill, slowest(best), best, slowest, lambda: change[0])
+    slack = hi_t * (1 + 1e-4)  # the bottleneck's tolerance: the greedy fill there loads early stages fully
+    if extra is not sends:
+        best = fill(slack) or best
+        return best, slowest(best)
+    _, best = _bisect(lambda c: fill(slack, c), compute(best), best, compute, lambda: change[1])
+    return best, slowest(best)
+
+
+def _bisect(fill, hi: float, best: list, measure=None, change=None) -> tuple[float, list]:
+    """The smallest limit (to 1e-4) at which ``fill`` still succeeds, from a limit ``hi`` that does. A limit
+    that succeeds drops to what its split ``measure``s (a greedy fill succeeds there too); after a limit
+    that fails, the next try is at least where the fill would ``change`` (below that it fails the same way),
+    and no change below ``hi`` means ``hi`` is the least. A few fills instead of a dozen or more.
+    Without ``measure`` and ``change``: plain bisection."""
+    lo, floor = 0.0, 0.0
+    for _ in range(40):
+        if hi - lo <= 1e-4 * hi:
+            break
+        mid = max((lo + hi) / 2, floor)
+        if mid >= hi:
+            break
+        r = fill(mid)
+        if r is None:
+            lo = mid
+            if change is not None:
+                floor = change()
+                if floor >= hi:
+                    break
+        else:
+            hi, best = (min(mid, measure(r)) if measure else mid), r
+    return hi, best
+
+
+def stage_sends(ctx: PlanningContext, group_placement, mbs: int) -> list[float]:
+    """Per stage of a group, the time its blocking sends (activations forward, gradients back) occupy it
+    per micro-batch, as the cost model charges them; the slower of the group's first and last replica."""
+    nbytes = mbs * ctx.job.sequence_length * ctx.model.hidden_size * act_bytes(ctx.job.precision)
+    S = len(group_placement[0])
+    out = [0.0] * S
+    for rep in {0, len(group_placement) - 1}:
+        devs = group_placement[rep]
+        ctx.work.sends += S - 1
+        for i in range(S - 1):
+            t = ctx.cost_model.network.p2p_time(list(devs[i]), list(devs[i + 1]), nbytes)
+            out[i] = max(out[i], t)
+            out[i + 1] = max(out[i + 1], t)
+    return out
