@@ -11,6 +11,7 @@ from arachne.cost import CostModel, Estimate
 from arachne.cost.compute import act_bytes
 from arachne.cost.memory import block_activation_bytes
 from arachne.plan import Pipeline, Stage
+from arachne.planners.arachne.options import GROUP_WITHIN
 from arachne.planners.arachne.template import (
     DeviceClass,
     device_classes,
@@ -19,8 +20,6 @@ from arachne.planners.arachne.work_clock import Work
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
-
-GROUP_WITHIN = 0.97  # a micro-batch size per group is tried on templates priced within this share of the best
 
 
 @dataclass
