@@ -197,16 +197,14 @@ def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[st
                 errs.append((f"{sfx}.tp", f"{st.tp} does not divide the stage's {n} devices"))
             if st.dp is not None and st.dp * st.tp != n:
                 errs.append((f"{sfx}.dp", f"dp*tp = {st.dp}*{st.tp} != {n} devices"))
-            if model.num_attention_heads % st.tp:
-                errs.append((f"{sfx}.tp", f"{st.tp} does not divide num_attention_heads {model.num_attention_heads}"))
+            if (why := model.tp_error(st.tp)) is not None:
+                errs.append((f"{sfx}.tp", why))
             dp = st.dp_size
             if dp > 1 and mbs % dp:
                 errs.append((f"{sfx}.dp", f"stage dp {dp} does not divide the micro-batch size {mbs}"))
             if st.ep > 1:
-                if not model.is_moe:
-                    errs.append((f"{sfx}.ep", f"ep {st.ep} on a dense model"))
-                if model.num_experts % st.ep:
-                    errs.append((f"{sfx}.ep", f"ep {st.ep} does not divide num_experts {model.num_experts}"))
+                if (why := model.ep_error(st.ep)) is not None:
+                    errs.append((f"{sfx}.ep", why))
                 if dp % st.ep:
                     errs.append((f"{sfx}.ep", f"ep {st.ep} does not divide the stage's dp {dp}"))
             if not st.allow_cross_node_tp and n % st.tp == 0:

@@ -37,11 +37,10 @@ def register(app: typer.Typer) -> None:
         from arachne.planners.protocol import SearchBudget
         from arachne.report.compare import compare_table, plot_compare
         from arachne.spec.cluster import load_cluster
-        from arachne.spec.job import Job
+        from arachne.spec.job import Job, check_precision
         from arachne.spec.model import load_model
 
-        if precision not in ("bf16", "fp16", "fp32"):
-            raise InputError("", "--precision", f"expected bf16, fp16 or fp32, got {precision!r}")
+        check_precision(precision)
         if plot is not None and (plot.is_dir() or not plot.parent.exists()):
             raise InputError(str(plot), "--plot", "expected a file path in an existing directory")
         if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):

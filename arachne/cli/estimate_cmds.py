@@ -14,17 +14,9 @@ profiles_app = typer.Typer(help="Measured per-layer profiles: import and inspect
 
 def _cost_model(cluster, profiles: Path | None):
     from arachne.cost import CostModel
-    from arachne.profiles.format import ProfileDB, default_profile_db
+    from arachne.profiles.format import default_profile_db, merged_profile_db
 
-    db = default_profile_db()
-    if profiles is not None:
-        extra = ProfileDB().load_dir(profiles)
-        merged = ProfileDB()
-        for src in (db, extra):
-            for s in src.sets.values():
-                merged.add(s.doc)
-        db = merged
-    return CostModel(cluster, profiles=db)
+    return CostModel(cluster, profiles=default_profile_db() if profiles is None else merged_profile_db(profiles))
 
 
 def register(app: typer.Typer) -> None:

@@ -42,11 +42,10 @@ def register(app: typer.Typer) -> None:
         from arachne.planners.protocol import SearchBudget
         from arachne.report.tables import plan_report
         from arachne.spec.cluster import load_cluster
-        from arachne.spec.job import Job
+        from arachne.spec.job import Job, check_precision
         from arachne.spec.model import load_model
 
-        if precision not in ("bf16", "fp16", "fp32"):
-            raise InputError("", "--precision", f"expected bf16, fp16 or fp32, got {precision!r}")
+        check_precision(precision)
         if output is not None:
             from arachne.fileio import check_writable
 

@@ -61,7 +61,9 @@ def register(app: typer.Typer) -> None:
         """Copy a training run's checkpoint, report and curve over the shipped ones."""
         import shutil
 
-        target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
+        from arachne.planners.arachne.learned.policy import weights_dir
+
+        target = weights_dir()
         for f in files:
             shutil.copy(out / f, target / f)
         console.print(f"installed into {target}")
@@ -127,9 +129,10 @@ def register(app: typer.Typer) -> None:
                       f"{best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
                       f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png")
         if install or add:
+            from arachne.planners.arachne.learned.policy import weights_dir
             from arachne.planners.arachne.learned.ranker import install_ranker
 
-            target = Path(__file__).resolve().parents[1] / "planners" / "arachne" / "weights"
+            target = weights_dir()
             n = install_ranker(out, target, add)
             console.print(f"installed into {target} as ranker member {n}")
 

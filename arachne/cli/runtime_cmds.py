@@ -19,15 +19,9 @@ from arachne.errors import InputError
 
 def _profile_db(profiles: Path | None) -> Any:
     """The shipped profiles plus those of ``profiles`` (later files override)."""
-    from arachne.profiles.format import ProfileDB, default_profile_db
+    from arachne.profiles.format import merged_profile_db
 
-    db = ProfileDB()
-    for s in default_profile_db().sets.values():
-        db.add(s.doc)
-    if profiles is not None:
-        for s in ProfileDB().load_dir(profiles).sets.values():
-            db.add(s.doc)
-    return db
+    return merged_profile_db(profiles)
 
 
 def _need_torch(command: str) -> None:
@@ -128,10 +122,10 @@ def register(app: typer.Typer) -> None:
         Overriding shapes renames the model (e.g. ``OPT-350M[hidden_size=256]``) so that the profile
         is never taken for the real model's.
         """
+        from arachne.spec.job import check_precision
         from arachne.spec.model import load_model, model_from_dict
 
-        if precision not in ("fp32", "bf16", "fp16"):
-            raise InputError("", "--precision", f"expected fp32, bf16 or fp16, got {precision!r}")
+        check_precision(precision)
         spec = load_model(model, "", "--model")
         over = {k: v for k, v in (("num_layers", num_layers), ("hidden_size", hidden_size),
                                   ("ffn_hidden_size", ffn_hidden_size), ("num_attention_heads", num_attention_heads),
@@ -150,8 +144,8 @@ def register(app: typer.Typer) -> None:
                              f"{seq} exceeds the model's max_sequence_length {spec.max_sequence_length}")
         tps = _int_list(tp, "--tp")
         for t in tps:
-            if spec.num_attention_heads % t:
-                raise InputError("", "--tp", f"{t} does not divide num_attention_heads {spec.num_attention_heads}")
+            if (why := spec.tp_error(t)) is not None:
+                raise InputError("", "--tp", why)
 
         _need_torch("profile")
         import torch

@@ -6,6 +6,7 @@ from arachne.profiles.format import (
     ProfileEntry,
     ProfileSet,
     default_profile_db,
+    merged_profile_db,
 )
 
-__all__ = ["LayerTimes", "ProfileDB", "ProfileEntry", "ProfileSet", "default_profile_db"]
+__all__ = ["LayerTimes", "ProfileDB", "ProfileEntry", "ProfileSet", "default_profile_db", "merged_profile_db"]

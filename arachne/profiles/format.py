@@ -209,3 +209,15 @@ def default_profile_db() -> ProfileDB:
         if item.name.endswith(".json"):
             db.add(profile_from_dict(json.loads(item.read_text()), f"arachne/data/profiles/{item.name}"))
     return db
+
+
+def merged_profile_db(extra: str | Path | None = None) -> ProfileDB:
+    """The shipped profiles plus those in the directory ``extra``: where both measure the same (model, GPU,
+    precision), the extra file's (micro-batch, tp) points add to or override the shipped ones."""
+    db = ProfileDB()
+    for s in default_profile_db().sets.values():
+        db.add(s.doc)
+    if extra is not None:
+        for s in ProfileDB().load_dir(extra).sets.values():
+            db.add(s.doc)
+    return db

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from arachne.errors import InputError
+
 Precision = Literal["bf16", "fp16", "fp32"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+
+def check_precision(value: str, source: str = "", field: str = "--precision") -> Precision:
+    """``value`` as a :data:`Precision`, or an :class:`InputError` naming ``source`` and ``field``."""
+    if value not in PRECISIONS:
+        raise InputError(source, field, f"expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 class Job(BaseModel):

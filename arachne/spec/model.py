@@ -79,6 +79,46 @@ class ModelSpec(BaseModel):
     def moe_layers(self) -> tuple[bool, ...]:
         return tuple(self.is_moe_layer(i) for i in range(self.num_layers))
 
+    # ---- parallelism rules: the one home (plan validation, planners, export and the CLI ask here) ----
+    def tp_error(self, tp: int) -> str | None:
+        """Why tensor parallelism of degree ``tp`` cannot split this model's blocks, or None when it can:
+        ``tp`` divides the attention heads, the FFN width and (MoE) the expert FFN width, and either divides
+        the key/value heads or is a multiple of them (each KV head then replicated on ``tp / kv`` ranks)."""
+        if tp < 1:
+            return f"tp {tp} must be at least 1"
+        if self.num_attention_heads % tp:
+            return f"tp {tp} does not divide num_attention_heads {self.num_attention_heads}"
+        if self.ffn_hidden_size % tp:
+            return f"tp {tp} does not divide ffn_hidden_size {self.ffn_hidden_size}"
+        if self.is_moe and self.expert_ffn % tp:
+            return f"tp {tp} does not divide the experts' ffn width {self.expert_ffn}"
+        kv = self.kv_heads
+        if kv % tp and tp % kv:
+            return f"tp {tp} neither divides num_kv_heads {kv} nor is a multiple of it"
+        return None
+
+    def tp_allowed(self, tp: int) -> bool:
+        """Whether :meth:`tp_error` finds nothing."""
+        return self.tp_error(tp) is None
+
+    def ep_error(self, ep: int) -> str | None:
+        """Why expert parallelism of degree ``ep`` cannot split this model's experts, or None when it can:
+        ``ep`` 1 always; otherwise only on an MoE model, dividing ``num_experts``. (A stage's ``ep`` must also
+        divide its data-parallel size: a plan rule, checked with the plan.)"""
+        if ep < 1:
+            return f"ep {ep} must be at least 1"
+        if ep == 1:
+            return None
+        if not self.is_moe:
+            return f"ep {ep} on a dense model"
+        if self.num_experts % ep:
+            return f"ep {ep} does not divide num_experts {self.num_experts}"
+        return None
+
+    def ep_allowed(self, ep: int) -> bool:
+        """Whether :meth:`ep_error` finds nothing."""
+        return self.ep_error(ep) is None
+
     def padded_vocab(self, tp: int = 1) -> int:
         """Vocabulary padded to a multiple of 128 * tp, as Megatron does."""
         mult = 128 * tp

@@ -163,11 +163,12 @@ def slot_fits_nodes(slot_gpus: int, node_size: int) -> bool:
 
 
 def tp_options(model: ModelSpec, node_size: int) -> list[int]:
-    """Tensor-parallel degrees inside one node: powers of two dividing the heads and the node."""
+    """Tensor-parallel degrees inside one node: powers of two dividing the node that the model allows
+    (:meth:`ModelSpec.tp_allowed`)."""
     out = []
     t = 1
     while t <= node_size:
-        if model.num_attention_heads % t == 0 and node_size % t == 0 and model.ffn_hidden_size % t == 0:
+        if node_size % t == 0 and model.tp_allowed(t):
             out.append(t)
         t *= 2
     return out
@@ -177,4 +178,4 @@ def ep_options(model: ModelSpec, dp: int) -> list[int]:
     """Expert-parallel degrees for a slot with ``dp`` groups (1 for dense models)."""
     if not model.is_moe:
         return [1]
-    return [e for e in range(1, dp + 1) if dp % e == 0 and model.num_experts % e == 0]
+    return [e for e in range(1, dp + 1) if dp % e == 0 and model.ep_allowed(e)]

@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from arachne.cost import CostModel
 from arachne.cost.compute import act_bytes
@@ -23,7 +23,7 @@ from arachne.planners.protocol import Deadline, PlannerResult, SearchBudget, Sea
 from arachne.spec.cluster import Cluster, Node
 from arachne.spec.gpus import GPUType
 from arachne.spec.job import Job
-from arachne.spec.model import ModelSpec, model_catalog
+from arachne.spec.model import ModelSpec, model_ref
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)
 
@@ -44,19 +44,9 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def tp_allowed(model: ModelSpec, tp: int) -> bool:
-    """Megatron's TP rules: divides heads and FFN widths; KV heads divided or replicated."""
-    if model.num_attention_heads % tp or model.ffn_hidden_size % tp:
-        return False
-    if model.is_moe and model.expert_ffn % tp:
-        return False
-    kv = model.kv_heads
-    return kv % tp == 0 or tp % kv == 0
-
-
 def node_tps(model: ModelSpec, node_size: int) -> list[int]:
     """Powers of two dividing the node size that the model's shapes allow (TP stays in a node)."""
-    return [t for t in powers_of_two(node_size) if node_size % t == 0 and tp_allowed(model, t)]
+    return [t for t in powers_of_two(node_size) if node_size % t == 0 and model.tp_allowed(t)]
 
 
 def even_split(num_blocks: int, parts: int, extra_last: bool = False) -> list[tuple[int, int]]:
@@ -263,13 +253,6 @@ class Ctx:
         """Bytes on one device of a stage (common memory model, no ZeRO)."""
         return self.cost.stage_memory(self.model, layers, first, last, num_stages, tp, ep, b, in_flight,
                                       self.precision, self.seq, recompute=recompute).total
-
-
-def model_ref(model: ModelSpec) -> str | dict[str, Any]:
-    """The plan's ``model`` field: the catalog name when it resolves to this model, else inline."""
-    if model_catalog().get(model.name) == model:
-        return model.name
-    return model.model_dump(exclude_defaults=True) | {"name": model.name}
 
 
 # ---- post-passes and the harness -----------------------------------------------------------------

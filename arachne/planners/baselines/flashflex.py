@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from arachne.plan import Pipeline, Stage
-from arachne.planners.baselines.common import BaselinePlanner, Ctx, tp_allowed
+from arachne.planners.baselines.common import BaselinePlanner, Ctx
 from arachne.planners.protocol import progress_bar
 
 # machine-share size -> TP splits FlashFlex tries (baselines.md §5.2 step 5)
@@ -236,7 +236,7 @@ class FlashFlexPlanner(BaselinePlanner):
         L = ctx.model.num_layers
         best, best_t = None, float("inf")
         for option in MENU[len(devs)]:
-            if not all(tp_allowed(ctx.model, t) for t in option):
+            if not all(ctx.model.tp_allowed(t) for t in option):
                 continue
             groups, a = [], 0
             for t in option:

@@ -23,7 +23,6 @@ from arachne.planners.baselines.common import (
     node_devices,
     nodes_of_type,
     powers_of_two,
-    tp_allowed,
 )
 from arachne.planners.protocol import progress_bar
 
@@ -297,7 +296,7 @@ class MetisPlanner(BaselinePlanner):
         max_tp = self.max_tp or node_size
         for d, tp in strategies:
             b = mb // d
-            if b < 1 or b > self.max_micro_batch or mb % d or tp > max_tp or not tp_allowed(ctx.model, tp):
+            if b < 1 or b > self.max_micro_batch or mb % d or tp > max_tp or not ctx.model.tp_allowed(tp):
                 return False
         return True
 

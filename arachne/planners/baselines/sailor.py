@@ -22,7 +22,6 @@ from arachne.planners.baselines.common import (
     gpu_speed_key,
     nodes_of_type,
     powers_of_two,
-    tp_allowed,
 )
 from arachne.planners.protocol import progress_bar
 
@@ -142,7 +141,7 @@ class SailorPlanner(BaselinePlanner):
     def _tp_table(self, ctx: Ctx, gpu: str, P: int, b: int, layers: list[tuple[int, int]]) -> list[int] | None:
         """One TP per stage for ``gpu``: max(memory floor, speed-up ceiling); None if a stage cannot fit."""
         node = min(n.num_gpus for n in nodes_of_type(ctx.cluster, gpu))
-        cands = [t for t in powers_of_two(node) if node % t == 0 and tp_allowed(ctx.model, t)]
+        cands = [t for t in powers_of_two(node) if node % t == 0 and ctx.model.tp_allowed(t)]
         cap = ctx.cluster.gpu_types[gpu].memory_bytes
         floor_only = self.quirks and len(self.types) > 1 and gpu == self.types[0]
         out = []

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 WEIGHTS_PACKAGE = "arachne.planners.arachne.weights"
+"""The one name of the folder that holds the shipped checkpoints (see :func:`weights_dir`)."""
 WEIGHTS_FILE = "policy.npz"
+
+
+def weights_dir() -> Path:
+    """The shipped checkpoints' folder on disk (where ``--install`` writes)."""
+    return Path(str(resources.files(WEIGHTS_PACKAGE)))
 
 
 @dataclass
