@@ -1,7 +1,7 @@
 """Price every plan of Sailor's measured mixed-RTX set and report measured vs predicted time.
 
 Usage: python benchmarks/validate_cost_model.py [--data PATH] [--out DIR]
-Data: shared data/sailor/measured_mixed_rtx.json (eth-easl/sailor, MIT licence).
+Data: data/sailor/measured_mixed_rtx.json (eth-easl/sailor, MIT licence).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from arachne.cost import CostModel
 from arachne.plan import plan_from_dict
 from arachne.spec.cluster import cluster_from_dict
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sailor" / "measured_mixed_rtx.json"
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "sailor" / "measured_mixed_rtx.json"
 
 
 def run(data_path: Path) -> list[dict]:

@@ -20,7 +20,7 @@ from arachne.profiles.format import default_profile_db
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.model import model_catalog
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "sailor"
+SAILOR = Path(__file__).resolve().parents[1] / "data" / "sailor"  # measurements, copied with their licence
 
 
 def gpu_type(name: str, scale: float) -> dict:
@@ -108,7 +108,7 @@ def test_in_flight_micro_batches():
 
 # ---- compute -------------------------------------------------------------------------------------
 def test_profiles_are_used_exactly_where_measured():
-    raw = json.loads((SHARED / "profiles_simulator.json").read_text())["data"]["OPT-350"]["Titan-RTX"]["2"]["4"]
+    raw = json.loads((SAILOR / "profiles_simulator.json").read_text())["data"]["OPT-350"]["Titan-RTX"]["2"]["4"]
     cl = cluster_from_dict({"nodes": [{"name": "n", "gpu": "Titan-RTX"}]})
     cm = CostModel(cl)
     model = model_catalog().get("OPT-350")
@@ -196,7 +196,7 @@ def test_activation_model_matches_sailor_measurement():
     """OPT-350 block activations at mbs 1 (fp32) vs layer_memory.json, for tp 1, 2, 4, 8."""
     from arachne.cost.memory import block_activation_bytes
 
-    data = json.loads((SHARED / "layer_memory.json").read_text())["data"]["OPT-350"]
+    data = json.loads((SAILOR / "layer_memory.json").read_text())["data"]["OPT-350"]
     model = model_catalog().get("OPT-350")
     for tp, rec in data.items():
         measured = rec["act_mem_bytes"][1]
@@ -221,7 +221,7 @@ def test_single_stage_equals_sum_of_layers_plus_optimizer():
 
 def test_measured_mixed_rtx_mape_within_target():
     """The visible measured set (9 plans): mean absolute error on iteration time <= 10%."""
-    data = json.loads((SHARED / "measured_mixed_rtx.json").read_text())
+    data = json.loads((SAILOR / "measured_mixed_rtx.json").read_text())
     errs = []
     for rec in data["records"]:
         cl = cluster_from_dict(rec["cluster"])
