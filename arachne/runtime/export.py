@@ -123,10 +123,8 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
     if plan.schedule != "1f1b":
         why.append(f"schedule {plan.schedule!r} (Megatron runs 1F1B)")
     tp = next(iter(tps))
-    if (shape := model.tp_error(tp)) is not None:
-        why.append(shape)
-    elif model.kv_heads < model.num_attention_heads and model.kv_heads % tp:  # stricter than the model rule
-        why.append(f"tp {tp} does not divide num_kv_heads {model.kv_heads} (Megatron needs whole query groups)")
+    if (shape := model.tp_error(tp, whole_kv_groups=model.kv_heads < model.num_attention_heads)) is not None:
+        why.append(f"{shape} (Megatron-LM's rule)")
     split, err = _split_args([s.num_layers for s in ref.stages])
     if err:
         why.append(err)

@@ -80,10 +80,12 @@ class ModelSpec(BaseModel):
         return tuple(self.is_moe_layer(i) for i in range(self.num_layers))
 
     # ---- parallelism rules: the one home (plan validation, planners, export and the CLI ask here) ----
-    def tp_error(self, tp: int) -> str | None:
-        """Why tensor parallelism of degree ``tp`` cannot split this model's blocks, or None when it can:
-        ``tp`` divides the attention heads, the FFN width and (MoE) the expert FFN width, and either divides
-        the key/value heads or is a multiple of them (each KV head then replicated on ``tp / kv`` ranks)."""
+    def tp_error(self, tp: int, whole_kv_groups: bool = False) -> str | None:
+        """Why tensor parallelism of degree ``tp`` cannot split this model's blocks, or None when it can.
+
+        ``tp`` must divide the attention heads, the FFN width and (MoE) the experts' FFN width. A key/value
+        head may serve query heads on several ranks (arachne's runtime gives each rank the KV heads its
+        query heads read); ``whole_kv_groups`` also asks ``tp`` to divide the KV heads, as Megatron-LM does."""
         if tp < 1:
             return f"tp {tp} must be at least 1"
         if self.num_attention_heads % tp:
@@ -92,14 +94,13 @@ class ModelSpec(BaseModel):
             return f"tp {tp} does not divide ffn_hidden_size {self.ffn_hidden_size}"
         if self.is_moe and self.expert_ffn % tp:
             return f"tp {tp} does not divide the experts' ffn width {self.expert_ffn}"
-        kv = self.kv_heads
-        if kv % tp and tp % kv:
-            return f"tp {tp} neither divides num_kv_heads {kv} nor is a multiple of it"
+        if whole_kv_groups and self.kv_heads % tp:
+            return f"tp {tp} does not divide num_kv_heads {self.kv_heads} (whole query groups per rank)"
         return None
 
-    def tp_allowed(self, tp: int) -> bool:
+    def tp_allowed(self, tp: int, whole_kv_groups: bool = False) -> bool:
         """Whether :meth:`tp_error` finds nothing."""
-        return self.tp_error(tp) is None
+        return self.tp_error(tp, whole_kv_groups) is None
 
     def ep_error(self, ep: int) -> str | None:
         """Why expert parallelism of degree ``ep`` cannot split this model's experts, or None when it can:

@@ -20,7 +20,7 @@ from arachne.profiles.format import default_profile_db
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.model import model_catalog
 
-SAILOR = Path(__file__).resolve().parents[1] / "data" / "sailor"  # measurements, copied with their licence
+SAILOR = Path(__file__).resolve().parents[2] / "data" / "sailor"  # measurements, copied with their licence
 
 
 def gpu_type(name: str, scale: float) -> dict:

@@ -15,7 +15,7 @@ from arachne.plan import load_plan, validate_plan
 from arachne.spec.cluster import Cluster, load_cluster
 from arachne.spec.gpus import gpu_catalog
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 CLUSTERS = sorted((EXAMPLES / "clusters").glob("*.yaml"))
 PLANS = sorted((EXAMPLES / "plans").glob("*.json"))
