@@ -530,6 +530,7 @@ MUTATIONS = ["tp", "regroup", "dp", "drop_dp", "ep", "cross_node", "swap_device"
 STAGE_LOCAL = {"tp", "regroup", "dp", "drop_dp", "ep", "cross_node"}
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(valid_setups(), st.sampled_from(MUTATIONS), st.data())
 def test_single_mutations_are_rejected_unless_every_rule_still_holds(setup, kind, data):

@@ -1,7 +1,7 @@
 """Constants of the analytic cost model, each with where it comes from.
 
 The compute constants are fitted by ``benchmarks/calibrate_compute.py`` to the per-block
-forward/backward times Sailor measured (shared data/sailor/profiles_simulator.json, fp32/TF32,
+forward/backward times Sailor measured (data/sailor/profiles_simulator.json, fp32/TF32,
 7 GPU types, 4 models) and then frozen here; rerun the script to refit. Memory constants come
 from Sailor's per-layer memory measurements (layer_memory.json, layer_peak_memory_varuna.json).
 """
@@ -38,7 +38,7 @@ class MemoryCalibration:
 
     # fp32 Adam as Megatron-DeepSpeed runs it (the only fp32 framework in the measured data): weights 4 +
     # grads 4 + Adam m, v 8, plus a flattened gradient buffer 4 and DeepSpeed's extra fp32 copy 4 -- the
-    # 24 B/param Sailor's simulator charges and validates on GH200 (shared data/sailor/COST_MODEL.md).
+    # 24 B/param Sailor's simulator charges and validates on GH200 (eth-easl/sailor; docs/catalog.md §3).
     # A single layer without data parallelism measures 16.3 B/param (layer_peak_memory_varuna.json).
     fp32_weight: float = 4.0
     fp32_grad: float = 4.0

@@ -31,13 +31,13 @@ class PlannerEntry:
 
 
 _B = "arachne.planners.baselines"
-_EP = {"ep_postpass": True}
+_EP = {"ep_postpass": True}  # baselines blind to MoE, plus the EP post-pass (docs/baselines.md §11.6)
 
 PLANNERS: dict[str, PlannerEntry] = {
     "arachne": PlannerEntry("arachne.planners.arachne.planner:ArachnePlanner",
                             "learned templates, completed by rule, priced by the cost model"),
     "megatron": PlannerEntry(f"{_B}.megatron:MegatronPlanner", "Megatron-LM's 3D grid, per GPU type"),
-    "megatron-oblivious": PlannerEntry(f"{_B}.megatron:MegatronPlanner",
+    "megatron-oblivious": PlannerEntry(f"{_B}.megatron:MegatronPlanner",  # docs/baselines.md §2.3
                                        "Megatron's grid over all GPUs as if identical", {"oblivious": True}),
     "amp": PlannerEntry(f"{_B}.amp:AMPPlanner", "AMP (NeurIPS'22): uniform (tp, dp), DP layer partition"),
     "metis": PlannerEntry(f"{_B}.metis:MetisPlanner", "Metis (ATC'24): one pipeline of device groups"),

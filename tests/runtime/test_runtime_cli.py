@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from arachne.cli import runtime_cmds
 
 
+
 @pytest.fixture
 def cli():
     """A typer app with only the runtime commands (independent of other command modules)."""
@@ -46,6 +47,7 @@ def test_import_arachne_and_help_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_run_json_prints_one_object_per_step(cli, files):
     pytest.importorskip("torch")
     cluster, plan = files

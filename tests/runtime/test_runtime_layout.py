@@ -9,6 +9,8 @@ import pytest
 from arachne.runtime.export import megatron_export, torchrun_export
 from arachne.runtime.layout import Layout
 
+pytestmark = pytest.mark.torch
+
 
 def _mixed(rt):  # two pipelines of different depth, uneven split, tp 2 then 1, stage dp 2
     return rt.make_plan(rt.DENSE, [

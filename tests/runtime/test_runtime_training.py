@@ -20,6 +20,8 @@ from arachne.runtime import checkpoint as ckpt  # noqa: E402
 from arachne.runtime.launch import JobError, RunConfig, run_plan  # noqa: E402
 from arachne.runtime.reference import reference_run  # noqa: E402
 
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
 SEED = 3
 
 

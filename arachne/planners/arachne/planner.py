@@ -158,8 +158,8 @@ class ArachnePlanner:
                     core, rest = [], rest[: o.ablation.rank_k]
                 elif o.search.proxy_first and mixed:
                     # the mixed rule the throughput proxy rates best goes first: on large clusters only the
-                    # ranker's first few get screened (seed35/rob-021: 8 of 348, the proxy's first at 0.995x
-                    # Sailor where the plan was at 0.983x)
+                    # ranker's first few get screened
+                    # (test_the_mixed_rule_the_proxy_rates_best_is_screened_first)
                     top = mixed[: o.search.proxy_first]
                     rest = top + [st for st in rest if st not in top]
             else:
@@ -246,9 +246,10 @@ class ArachnePlanner:
                 lead: list[State], unscreened: list[State] = ()) -> None:
         """Time beyond the default target: the lead templates (when the default pass left them out) and the
         rest of the screened templates priced in full (best screened first); then the ranked pool past what
-        the default pass screened, screened in the ranker's order and the best of it priced (on 1010 GPUs the
-        default pass screens 8 of 348, and the best mixed rule sat 18th: seed35/rob-021, +18%); a wider
-        priced teacher; then refinement from each of the three best templates."""
+        the default pass screened, screened in the ranker's order and the best of it priced (on a large cluster
+        the default pass screens only the first few of hundreds:
+        ``test_a_longer_target_screens_the_ranked_pool_past_the_default_pass``); a wider priced teacher; then
+        refinement from each of the three best templates."""
         o = self.options
         share = until.child(until.remaining * 0.4)
         for st in [] if o.search.lead_first else lead:

@@ -1,4 +1,4 @@
-"""AMP (Li et al., NeurIPS'22; baselines.md §3): uniform (tp, dp) grid, DP layer partition, native cost.
+"""AMP (Li et al., NeurIPS'22; docs/baselines.md §3): uniform (tp, dp) grid, DP layer partition, native cost.
 
 Per-layer time is a count-weighted mean over GPU types (AMP cannot tell which stage gets the slow
 GPUs), compute is linear in the micro-batch, and the search has no memory model: plans are ranked

@@ -1,4 +1,4 @@
-"""Helpers shared by the baseline planners only (baselines.md §1, §9-§11).
+"""Helpers shared by the baseline planners only (docs/baselines.md §1, §9-§11).
 
 Extended layer lists (embedding + blocks + head) and their mapping back to block ranges,
 device orders, the largest uniform sub-cluster, plan building, the common-model wrappers the

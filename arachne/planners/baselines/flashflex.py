@@ -1,4 +1,4 @@
-"""FlashFlex / HexiScale (Yan et al., arXiv 2409.01143; baselines.md §5): graph-partitioned pipelines.
+"""FlashFlex / HexiScale (Yan et al., arXiv 2409.01143; docs/baselines.md §5): graph-partitioned pipelines.
 
 Phase 1 splits the GPU graph into pipelines of equal compute, cutting the *fast* links (so DP
 traffic between pipelines rides them); phase 2 splits each pipeline into 1-3 parts cutting the
@@ -20,7 +20,7 @@ from arachne.plan import Pipeline, Stage
 from arachne.planners.baselines.common import BaselinePlanner, Ctx
 from arachne.planners.protocol import progress_bar
 
-# machine-share size -> TP splits FlashFlex tries (baselines.md §5.2 step 5)
+# machine-share size -> TP splits FlashFlex tries (docs/baselines.md §5.2 step 5)
 MENU: dict[int, list[list[int]]] = {
     1: [[1]], 2: [[2], [1, 1]], 3: [[2, 1], [1, 1, 1]], 4: [[4], [2, 2], [2, 1, 1]],
     5: [[4, 1], [2, 2, 1]], 6: [[4, 2], [2, 2, 2]], 7: [[4, 2, 1], [2, 2, 2, 1]], 8: [[8], [4, 4], [4, 2, 2]],

@@ -1,4 +1,4 @@
-"""Megatron-LM's homogeneous 3D grid (baselines.md §2), the reference every heterogeneous planner must beat.
+"""Megatron-LM's homogeneous 3D grid (docs/baselines.md §2), the reference every heterogeneous planner must beat.
 
 ``megatron`` is variant H-a (best single GPU type: a grid on each type's GPUs, the rest idle);
 ``megatron-oblivious`` is H-b (one grid over all GPUs ranked as if they were all the fastest type,

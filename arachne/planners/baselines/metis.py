@@ -1,4 +1,4 @@
-"""Metis (Um et al., USENIX ATC'24; baselines.md §4): one pipeline of power-of-two device groups.
+"""Metis (Um et al., USENIX ATC'24; docs/baselines.md §4): one pipeline of power-of-two device groups.
 
 Search: every GPU-type order (types contiguous on the rank line) x stage count x device-group
 sequence (size floor ``variance``, bounded permutations ``max_permute_len``) x micro-batch count;

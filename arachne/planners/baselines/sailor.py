@@ -1,4 +1,4 @@
-"""Sailor (Strati et al., SOSP'25; baselines.md §6): uniform stages, one D, heterogeneous replicas.
+"""Sailor (Strati et al., SOSP'25; docs/baselines.md §6): uniform stages, one D, heterogeneous replicas.
 
 Outer loops over stage count P, micro-batch b and data-parallel degree D (only the D values where
 the micro-batch count changes, descending, with early stop); TP per (GPU type, stage) fixed by the

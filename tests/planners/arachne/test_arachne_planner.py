@@ -299,6 +299,7 @@ def test_every_mode_returns_valid_fitting_plans(mode):
     assert plan.planner == "arachne" and plan.estimate["fits"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["OPT-350M", "GPT-3-1.3B"])
 def test_exhaustive_oracle_bounds_arachne_and_arachne_is_close(model):
     cl = small_cluster()
@@ -349,6 +350,8 @@ def test_policy_round_trips_through_npz(tmp_path):
     assert np.allclose(pol.logits(x), back.logits(x)) and back.info == {"seed": 0}
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_training_pipeline_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     from arachne.planners.arachne.train.learn import TrainConfig
@@ -368,6 +371,8 @@ def test_training_pipeline_runs_end_to_end(tmp_path):
     assert states and all(len(s.actions) == len(ctx.classes) for s in states)
 
 
+@pytest.mark.slow
+@pytest.mark.ray
 def test_training_labels_with_ray_when_installed(tmp_path):
     pytest.importorskip("torch")
     ray = pytest.importorskip("ray")
@@ -539,6 +544,7 @@ def test_moe_mixed_rule_spreads_stages_over_the_node_with_experts_sharded():
     assert all(a.dp == 1 for s in mixed_floor_states(dense) for a in s.actions)
 
 
+@pytest.mark.slow
 def test_a_longer_target_extends_the_default_pass_and_never_loses():
     """Beyond the default target the planner runs the default pass first, then keeps improving on it."""
     cl = cluster_from_dict({"name": "m", "nodes": [
@@ -591,6 +597,7 @@ def test_replica_variants_share_the_batch_evenly():
     assert replica_variants(Action("own", 1, 1, 1, 4, 16), c, 384) == [Action("own", 1, 1, 1, 4, 1)]
 
 
+@pytest.mark.slow
 def test_deeper_homogeneous_pipelines_with_an_even_batch_share_are_tried():
     """A small model on many GPUs: 16 replicas of 4 stages on the B200 pairs beat 68 (or 17) replicas
     that sync more gradients or share the batch unevenly; the rules must put that template forward."""
@@ -1187,6 +1194,7 @@ def test_joint_depth_state_gives_every_class_its_own_depth():
     assert joint_depth_state(moe) is None  # its dp 1 pipelines would hold every expert on every GPU
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{"lead_first": True}, {"target_s": 2.0}])
 def test_the_planner_finds_the_joint_depths(options):
     # screened first in the default pass (lead_first), or priced first in a longer target's extension
@@ -1356,6 +1364,7 @@ def rob021_cluster():
                        "gpus_per_node": 1}]})
 
 
+@pytest.mark.slow
 def test_a_longer_target_screens_the_ranked_pool_past_the_default_pass():
     """On seed35/rob-021 (Qwen2-57B-A14B) the default pass screens only the ranker's first few templates; the
     extension screens further and finds the mixed Gaudi2 + A100 pipelines (292,760 tokens/s at --target 2),
@@ -1367,6 +1376,7 @@ def test_a_longer_target_screens_the_ranked_pool_past_the_default_pass():
     assert got[2.0] >= 1.1 * got[0.8]
 
 
+@pytest.mark.slow
 def test_the_mixed_rule_the_proxy_rates_best_is_screened_first():
     """Where the default pass screens 8 of 348 templates (seed35/rob-021), the mixed rule the throughput proxy
     rates best goes ahead of the ranker's order: 245,924 -> 278,805 tokens/s (0.983x -> 1.114x Sailor)."""

@@ -86,6 +86,7 @@ def plan_json(target: float, clock: str, slow_s: float = 0.0) -> tuple[str, dict
     return r.plans[0].model_dump_json(), r.stats.notes
 
 
+@pytest.mark.slow
 def test_the_same_problem_gets_the_same_plan_on_a_slower_machine():
     """On the work clock the search does the same work however long it takes, so the plan is the same; the
     run's work stays near its target."""

@@ -1,4 +1,4 @@
-"""The baselines' building blocks against the behaviour the spec (baselines.md) describes."""
+"""The baselines' building blocks against the behaviour docs/baselines.md describes."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def test_run_planner_stamps_the_plan() -> None:
     assert plan.planner == "sailor" and plan.estimate is not None and est.fits
 
 
-# ---- sanity orderings (baselines.md §11.5) ------------------------------------------------------------
+# ---- sanity orderings (docs/baselines.md §11.5) ------------------------------------------------------------
 def test_megatron_homogeneous_uses_every_gpu_in_an_even_grid() -> None:
     plan, est = best("megatron", "homog8", "GPT-3-1.3B")
     (pipe,) = plan.pipelines

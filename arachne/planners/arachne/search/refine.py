@@ -67,7 +67,8 @@ def refine(ctx: PlanningContext, pricer: Pricer, start: State, deadline: Deadlin
         # cluster's unused classes have many options each and can use up the time before them)
         used = [ci for ci, a in enumerate(best.actions) if a.kind != "skip"]
         # then one class at a time, the classes in use first (an unused slow class's many options can use up
-        # the time before a used class's regrouping: odd105/rob-019)
+        # the time before a used class's regrouping:
+        # test_refinement_regroups_a_wide_tp_group_before_trying_unused_classes)
         order = used + [ci for ci in range(len(classes)) if ci not in used]
         for ci, halve_tp in [(ci, True) for ci in used if best.actions[ci].tp >= 4] + [(ci, False) for ci in order]:
             if deadline.expired():
@@ -136,7 +137,7 @@ def batch_regroupings(ctx: PlanningContext, st: State) -> list[State]:
     """Where two or more classes run one-stage replicas (data parallelism only), the slowest of them at twice
     and four times the stage-level dp on the same GPUs. A larger plan-level micro-batch then runs each of its
     GPUs at the same per-GPU micro-batch while the faster classes get larger ones (V100 pairs at 1 sequence
-    each next to single A100s at 2: +9% on 96 A100 and 160 V100)."""
+    each next to single A100s at 2)."""
     own = [ci for ci, a in enumerate(st.actions) if a.kind == "own"]
     if len(own) < 2 or st.mix_replicas or any(st.actions[ci].stages > 1 for ci in own):
         return []  # with pipelines, a larger micro-batch also means fewer of them to fill the bubble

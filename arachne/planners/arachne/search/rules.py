@@ -124,10 +124,11 @@ def type_pool_states(ctx: PlanningContext, best_own: list[Action]) -> list[State
     pooled stages, at the depths (2 to 4, or up to twice the fewest that fit) that leave the fewest of its
     GPUs idle, alone and beside every other type's homogeneous choice. Per class, 15 B200 in a node of 8
     and a node of 7 (parts 4, 2, 1) make at most 3 pipelines of 3 or data parallelism; as a pool they make
-    5 pipelines of 3, which shards the gradient all-reduce 3 ways over all 15 (odd114/rob-010: +5.7%).
-    The planner prices them after refinement: priced first, a pool that beats the other templates became
-    refinement's start and led it away from better mixed plans (odd103/rob-013: -25%), and screened
-    first they took the screening's time on large clusters."""
+    5 pipelines of 3, which shards the gradient all-reduce 3 ways over all 15
+    (``test_a_gpu_type_split_across_node_sizes_is_pooled_into_identical_pipelines``). The planner prices
+    them after refinement: priced first, a pool that beats the other templates becomes refinement's start
+    and can lead it away from better mixed plans, and screened first they take the screening's time on
+    large clusters (docs/decisions)."""
     classes, model = ctx.classes, ctx.model
     L, n = model.num_layers, len(classes)
     out: list[State] = []
@@ -244,8 +245,8 @@ def joint_depth_state(ctx: PlanningContext) -> State | None:
     """All classes together, each in homogeneous pipelines at the depth :func:`depth_actions` rates best
     for its share of the batch (in proportion to its speed). A class that fits only with the others'
     replicas sharding the optimizer state (T4s beside A40s and A10s for a 13B model) is guessed again with
-    them. The fewest stages that fit are rarely the best depth for every class at once (seed2/rob-013:
-    +13%). Dense models only: depth_actions keeps dp 1, so experts would not be sharded at all."""
+    them. The fewest stages that fit are rarely the best depth for every class at once
+    (``test_the_planner_finds_the_joint_depths``). Dense models only: depth_actions keeps dp 1, so experts would not be sharded at all."""
     n, L = len(ctx.classes), ctx.model.num_layers
     if n < 2 or ctx.model.is_moe:
         return None

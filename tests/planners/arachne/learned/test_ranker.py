@@ -136,6 +136,8 @@ def test_the_planner_screens_in_the_rankers_order():
     assert ranked and ranked[0] in rules
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_ranker_training_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     from arachne.planners.arachne.train.learn import TrainConfig
