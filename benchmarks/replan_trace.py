@@ -1,4 +1,4 @@
-"""Re-planning while GPUs come and go: every planner follows a GPU availability trace.
+"""``replan-trace``: re-planning while GPUs come and go: every planner follows a GPU availability trace.
 
 Traces (Sailor's, shipped in ``arachne/data/sailor_gpu_traces.json``):
   spot  A100 spot VMs of one GPU each, their count following the change points of Sailor's 16-GPU
@@ -14,28 +14,18 @@ planning time when the running plan cannot continue, plus the migration time of 
 gives per change the GPUs and per planner tokens/s, planning time and migration seconds; the summary
 gives tokens trained over the whole trace per planner, relative to arachne.
 
-Usage:
-  python benchmarks/replan_trace.py [--trace spot|grow] [--model M --gbs N --seq S]
-                                    [--baselines sailor,metis,megatron] [--budget 10] [--out DIR]
-Writes ``<trace>.csv``/``<trace>.json`` under --out (default results/replan_trace).
+Usage:  python -m benchmarks replan-trace [--trace spot|grow] [--model M --gbs N --seq S]
+                                         [--baselines sailor,metis,megatron] [--budget 10] [--out DIR]
+Writes ``<trace>.json``/``.csv`` under --out (default results/replan_trace).
 """
 
 from __future__ import annotations
 
-import os
-
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
-import argparse
-import csv
 import json
 import random
 from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from arachne.cost import CostModel
@@ -47,8 +37,7 @@ from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
-
-console = Console(width=180)
+from benchmarks import common
 
 
 def load_traces() -> dict[str, Any]:
@@ -110,17 +99,7 @@ def step(planner: str, old: Plan | None, cl: Cluster, model, job: Job, budget: f
             "migration_s": 0.0 if r.kept_old else r.migration.seconds, "downtime_s": down, "kept": r.kept_old}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", choices=["spot", "grow"], default="spot")
-    ap.add_argument("--model", default=None, help="default: GPT-3-2.7B (spot), LLaMA-2-13B (grow)")
-    ap.add_argument("--gbs", type=int, default=None, help="default: 256 (spot), 1024 (grow)")
-    ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--baselines", default="sailor,metis,megatron")
-    ap.add_argument("--budget", type=float, default=10.0, help="baselines' planning budget per change, s")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("results/replan_trace"))
-    a = ap.parse_args()
+def replan_trace(a) -> None:
     spot = a.trace == "spot"
     model = model_catalog().get(a.model or ("GPT-3-2.7B" if spot else "LLaMA-2-13B"))
     job = Job(global_batch_size=a.gbs or (256 if spot else 1024), sequence_length=a.seq)
@@ -139,7 +118,7 @@ def main() -> None:
             row.update({f"{p}_tok_s": r["tokens_per_s"], f"{p}_plan_s": r["planning_s"],
                         f"{p}_migrate_s": r["migration_s"], f"{p}_kept": r["kept"]})
         rows.append(row)
-        console.print(f"change {i}: {cl.num_gpus} GPUs, " + ", ".join(
+        common.console.print(f"change {i}: {cl.num_gpus} GPUs, " + ", ".join(
             f"{p} {row[f'{p}_tok_s']:,.0f} tok/s" for p in planners))
     t = Table(title=f"re-planning over the {a.trace} trace: {model.name}, batch {job.global_batch_size} x "
                     f"{job.sequence_length}; tokens/s, planning s, migration s per planner")
@@ -151,20 +130,12 @@ def main() -> None:
         t.add_row(str(r["change"]), f"{r['duration_s']:.0f}", str(r["gpus"]),
                   *[f"{r[f'{p}_tok_s']:,.0f} / {r[f'{p}_plan_s']:.2f} / "
                     f"{'kept' if r[f'{p}_kept'] else format(r[f'{p}_migrate_s'], '.1f')}" for p in planners])
-    console.print(t)
-    summary = {p: {"tokens_trained": trained[p], "vs_arachne": trained[p] / trained["arachne"] if trained["arachne"]
-                   else float("nan")} for p in planners}
-    for p in planners:
-        console.print(f"{p:10s} tokens trained over the trace {trained[p]:.4g} "
-                      f"({summary[p]['vs_arachne']:.3f} of arachne's)")
-    a.out.mkdir(parents=True, exist_ok=True)
-    with open(a.out / f"{a.trace}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (a.out / f"{a.trace}.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
-                                                      "rows": rows, "summary": summary}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    common.console.print(t)
+    summary = [{"planner": p, "tokens_trained": trained[p],
+                "vs_arachne": trained[p] / trained["arachne"] if trained["arachne"] else float("nan")}
+               for p in planners]
+    common.print_table("tokens trained over the trace", summary)
+    common.write_result(a.out, a.trace, rows, summary, {"trace": a.trace, "model": model.name,
+                                                        "global_batch_size": job.global_batch_size,
+                                                        "sequence_length": job.sequence_length, "budget": a.budget,
+                                                        "seed": a.seed}, benchmark=f"replan-trace-{a.trace}")

@@ -1,4 +1,4 @@
-"""How well templates are ordered for screening: at large scale only the first few get screened.
+"""``arachne rule-order``: how well templates are ordered for screening: at large scale only the first few get screened.
 
 For every case, the pool -- the policy's top-24 proposals and the planner's rule pool (``rule_pool``:
 mixed rules, deeper pipelines, the depth rule) -- is screened once (the cost model's price at the most promising
@@ -13,29 +13,17 @@ first K templates divided by the best of the whole pool. Orderings:
   random       the whole pool shuffled (mean of 5 shuffles)
 It also prints how much the policy's proposals add: the best of every rule template (the floor's
 core and the rule pool), screened, against the best with the proposals.
-Cases: the planners grid (``benchmarks/planners.py``) and the random clusters of
-``benchmarks/robustness.py`` for each ``--seeds`` value; neither is in the ranker's training set.
+Cases: the planners grid and the random clusters of ``sweep run`` for each ``--seeds`` value; neither is
+in the ranker's training set.
 
-Usage:  python benchmarks/rule_order.py [--seeds 0,1] [--ranker FILE ...] [--out results/rule_order]
+Usage:  python -m benchmarks arachne rule-order [--seeds 0,1] [--ranker FILE ...] [--out results/arachne]
 """
 
 from __future__ import annotations
 
-import os
-
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
-import argparse
-import importlib.util
 import random
 import statistics
-import sys
 from itertools import zip_longest
-from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import mix_replica_options
@@ -60,29 +48,17 @@ from arachne.planners.arachne.template import tp_options
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
+from benchmarks import common
 
-console = Console(width=140)
 KS = (2, 4, 8, 16)
 ORDERS = ("learned", "interleaved", "proxy", "rules", "rule-proxy", "plain", "random")
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def cases(seeds: list[int]):
-    grid = _load("planners")
-    for c in grid.CASES:
-        yield c.name, grid.make_cluster(c.cluster, list(c.groups)), c.model, c.gbs, c.seq
-    rob = _load("robustness")
+    for c in common.GRID_CASES:
+        yield c.name, common.grid_cluster(c.cluster, list(c.groups)), c.model, c.gbs, c.seq
     for seed in seeds:
-        rng = random.Random(seed)
-        for i in range(30):
-            rc = rob.random_case(rng, i)
+        for rc in common.random_cases(seed):
             yield f"rob{seed}/{rc.name}", cluster_from_dict(rc.doc), rc.model, rc.gbs, rc.seq
 
 
@@ -97,19 +73,13 @@ def plain_order(ctx: PlanningContext) -> list:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--ranker", type=Path, nargs="+", default=None,
-                    help="ranker weights, several for an ensemble (default: the shipped ones)")
-    ap.add_argument("--out", type=Path, default=Path("results/rule_order"))
-    a = ap.parse_args()
+def rule_order(a) -> None:
     try:
         ranker = RankerEnsemble([Policy.load(f) for f in a.ranker]) if a.ranker else shipped_ranker()
     except (OSError, ValueError, KeyError) as e:
-        ap.error(f"--ranker: {' '.join(map(str, a.ranker))}: not ranker.npz files ({e})")
+        common.fail(f"--ranker: {' '.join(map(str, a.ranker))}: not ranker.npz files ({e})")
     if ranker is None:
-        ap.error("no ranker: train one with `arachne train-ranker` or pass --ranker")
+        common.fail("no ranker: train one with `arachne train-ranker` or pass --ranker")
     rows = []
     for name, cl, model, gbs, seq in cases([int(s) for s in a.seeds.split(",") if s]):
         ctx = PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq),
@@ -150,21 +120,16 @@ def main() -> None:
             row[f"random@{k}"] = statistics.mean(max(value[t] for t in rng.sample(tpl, min(k, len(tpl)))) / best
                                                  for _ in range(5))
         rows.append(row)
-    t = Table(title=f"screening orders over {len(rows)} cases: best of the first K screened / best of the pool "
-                    "(mean; in brackets, cases below 0.95)")
-    t.add_column("ordering")
-    for k in KS:
-        t.add_column(f"K={k}", justify="right")
-    for o in ORDERS:
-        t.add_row(o, *[f"{statistics.mean(r[f'{o}@{k}'] for r in rows):.3f} "
-                       f"({sum(r[f'{o}@{k}'] < 0.95 for r in rows)})" for k in KS])
-    console.print(t)
+    summary = [{"ordering": o, **{f"K={k}": statistics.mean(r[f"{o}@{k}"] for r in rows) for k in KS},
+                **{f"below_0.95@{k}": sum(r[f"{o}@{k}"] < 0.95 for r in rows) for k in KS}} for o in ORDERS]
+    common.print_table(f"screening orders over {len(rows)} cases: best of the first K screened / best of the pool "
+                       "(mean)", summary, ["ordering", *(f"K={k}" for k in KS)])
     alone = [r["rules@all"] for r in rows]
-    console.print(f"every rule template screened (core and mixed), without the policy's proposals: mean "
-                  f"{statistics.mean(alone):.3f} of the best with them; a proposal beats every rule template in "
-                  f"{sum(x < 1 for x in alone)}/{len(rows)} cases, by more than 2% in {sum(x < 0.98 for x in alone)}")
-    _load("arachne_eval").write(a.out, "rule_order", rows)
-
-
-if __name__ == "__main__":
-    main()
+    extra = {"cases": len(rows), "rules_alone_of_best": statistics.mean(alone),
+             "proposal_beats_rules": sum(x < 1 for x in alone), "proposal_beats_rules_by_2pct": sum(x < 0.98 for x in alone)}
+    common.console.print(f"every rule template screened (core and mixed), without the policy's proposals: mean "
+                         f"{extra['rules_alone_of_best']:.3f} of the best with them; a proposal beats every rule "
+                         f"template in {extra['proposal_beats_rules']}/{len(rows)} cases, by more than 2% in "
+                         f"{extra['proposal_beats_rules_by_2pct']}")
+    common.write_result(a.out, "rule_order", rows, {"orderings": summary, "without proposals": extra},
+                        {"seeds": a.seeds, "ranker": [str(p) for p in a.ranker or []]}, benchmark="arachne-rule-order")

@@ -1,6 +1,6 @@
 """Constants of the analytic cost model, each with where it comes from.
 
-The compute constants are fitted by ``benchmarks/calibrate_compute.py`` to the per-block
+The compute constants are fitted by ``python -m benchmarks cost-model calibrate`` to the per-block
 forward/backward times Sailor measured (data/sailor/profiles_simulator.json, fp32/TF32,
 7 GPU types, 4 models) and then frozen here; rerun the script to refit. Memory constants come
 from Sailor's per-layer memory measurements (layer_memory.json, layer_peak_memory_varuna.json).

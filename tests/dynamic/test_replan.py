@@ -120,22 +120,3 @@ def test_cli_replan_missing_plan_file_names_it(files, tmp_path: Path):
     cluster, _ = files
     res = CliRunner().invoke(app, ["replan", "--cluster", str(cluster), "--plan", str(tmp_path / "none.json")])
     assert res.exit_code == 2 and "none.json" in res.output and "Traceback" not in res.output
-
-
-def test_trace_replay_follows_the_shipped_availability_trace():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "replan_trace.py"
-    spec = importlib.util.spec_from_file_location("replan_trace", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    points = mod.load_traces()["a100_trace_original"]["points"]
-    segs = mod.spot_segments(seed=3)
-    assert [sum(1 for n in nodes if n["gpu"] == "A100-40") for _, nodes in segs] == [n for _, n in points]
-    assert all(d > 0 for d, _ in segs)
-    for (_, before), (_, after) in zip(segs, segs[1:]):  # a VM that stays keeps its name
-        a = {n["name"] for n in before if n["gpu"] == "A100-40"}
-        b = {n["name"] for n in after if n["gpu"] == "A100-40"}
-        assert a <= b or b <= a
-    grow = mod.grow_segments()
-    assert [cluster_from_dict({"name": "g", "nodes": n}).num_gpus for _, n in grow] == [128, 320, 512]

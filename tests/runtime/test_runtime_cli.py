@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from arachne.cli import runtime_cmds
 
 
-
 @pytest.fixture
 def cli():
     """A typer app with only the runtime commands (independent of other command modules)."""

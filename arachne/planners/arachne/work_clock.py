@@ -4,12 +4,14 @@ A planner bounded by the wall clock finds a different plan on a loaded machine, 
 on a slower CPU than on an idle one. The arachne planner's latency target is therefore measured on a
 :class:`WorkClock`: virtual seconds charged per unit of work requested (plans priced, layer splits,
 placements, policy and ranker rows) at rates fitted on the reference machine (2-core CI box, one
-planner per core; refit with ``python benchmarks/work_clock.py fit``). The same problem then gets the
+planner per core; refit with ``python -m benchmarks work-clock fit``). The same problem then gets the
 same plan on any machine and under any load; only the wall time it takes varies."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from importlib import resources
 
 import numpy as np
 
@@ -41,18 +43,22 @@ class Work:
 
 WORK_FIELDS = tuple(f.name for f in fields(Work))
 
-# seconds per unit of each Work field, fitted by ``python benchmarks/work_clock.py fit`` ("sends", added
-# after the last fit, is timed alone: 2.5 us per boundary with ``stage_sends`` on a 673-GPU cluster;
-# "fill_stages" was 1.546e-06 (the plain bisection over numpy prefix sums, 1.45 us per stage fill when
-# replayed) and is scaled by 1.26 / 1.45, the layer split that skips ahead over list prefix sums: replaying
-# the 68,743 splits planning seed 3 asks for, idle machine,
-# ``python benchmarks/split_speed.py results/robustness/seed3/runs.json``)
-RATES = {
-    "prices": 4.602e-05, "screens": 0.0001552, "fill_stages": 1.343e-06, "placed_slots": 8.424e-06,
-    "policy_calls": 0.0003229, "policy_rows": 4.751e-06, "rank_rows": 2.131e-05, "profile_calls": 0.0,
-    "profiles": 4.61e-05, "mix_proxies": 0.0001918, "sends": 2.5e-06, "estimates": 0.0001234, "estimated_stages":
-    1.086e-05, "estimated_devices": 3.001e-08, "estimated_cells": 3.674e-07
-}
+
+def load_rates(text: str | None = None) -> dict[str, float]:
+    """Seconds per unit of each :class:`Work` field, from ``arachne/data/work_rates.json`` (or ``text``).
+
+    The rates are data, fitted by ``python -m benchmarks work-clock fit --install``; the file also says
+    when, by which command and on which machine."""
+    if text is None:
+        text = resources.files("arachne.data").joinpath("work_rates.json").read_text()
+    rates = json.loads(text)["rates"]
+    missing = [f for f in WORK_FIELDS if f not in rates]
+    if missing or any(not isinstance(rates[f], (int, float)) or rates[f] < 0 for f in WORK_FIELDS):
+        raise ValueError(f"work_rates.json: every Work field needs a rate >= 0 (missing: {missing})")
+    return {f: float(rates[f]) for f in WORK_FIELDS}
+
+
+RATES = load_rates()
 
 
 class WorkClock:

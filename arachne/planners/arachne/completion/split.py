@@ -15,7 +15,7 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
     ``work`` tallies the stages of every attempt (the work clock's unit). ``sends``: per stage, the time
     its blocking point-to-point sends occupy it per micro-batch; the slowest stage time then includes
     them (a stage behind a slow link gets fewer layers), and among the splits that reach it, compute is
-    balanced too. ``skip_ahead=False``: plain bisection, for comparison (``benchmarks/split_speed.py``)."""
+    balanced too. ``skip_ahead=False``: plain bisection, for comparison (``python -m benchmarks replay split-speed``)."""
     S = len(profiles)
     if S > L:
         return None

@@ -1,4 +1,4 @@
-"""Measured vs estimated iteration time for a handful of plans run as CPU processes.
+"""``runtime``: measured vs estimated iteration time for a handful of plans run as CPU processes.
 
 Profiles a small dense model on this machine (``arachne.runtime.profiler``), declares a
 cluster of pseudo-GPUs of type ``Local-CPU`` (one per process) whose profile that is, runs each
@@ -11,18 +11,14 @@ the machine can run in parallel, measured times include that contention, which t
 does not model. The script measures that parallelism (``effective_cores``: N one-thread matmul
 loops at once vs one alone) and records the load average, since other jobs skew CPU timings.
 
-    python benchmarks/runtime_measure.py --out results/runtime_measure
+    python -m benchmarks runtime [--out results/runtime]   (needs torch: the runtime extra)
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,6 +27,7 @@ from arachne.plan import Plan, plan_from_dict, validate_plan
 from arachne.profiles.format import ProfileDB, profile_filename, write_profile
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.model import ModelSpec
+from benchmarks import common
 
 GPU = "Local-CPU"
 MODEL: dict[str, Any] = {"name": "bench-tiny", "num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024,
@@ -88,15 +85,7 @@ def effective_cores() -> float:
     return n * solo / together
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2, help="leading steps left out of the measurement")
-    ap.add_argument("--sequence-length", type=int, default=128)
-    ap.add_argument("--only", default="", help="comma-separated plan names")
-    a = ap.parse_args()
-
+def runtime(a) -> None:
     import torch
 
     from arachne.cost import CostModel
@@ -124,8 +113,6 @@ def main() -> None:
     cluster = cluster_from_dict(cdoc)
     cost = CostModel(cluster, profiles=db)
     rows = []
-    print(f"{'plan':<10} {'procs':>5} {'mean s':>8} {'median s':>9} {'estimate s':>11} {'err mean':>9} "
-          f"{'err median':>10}  compute source")
     for name, doc in todo.items():
         plan: Plan = plan_from_dict(doc, name)
         validate_plan(plan, cluster, model)
@@ -143,22 +130,14 @@ def main() -> None:
                      "relative_error": (e - mean) / mean, "relative_error_median": (e - median) / median,
                      "compute_source": src, "step_times_s": times})
         flag = " (more processes than effective cores)" if procs > eff + 0.25 else ""
-        print(f"{name:<10} {procs:>5} {mean:>8.4f} {median:>9.4f} {e:>11.4f} {(e - mean) / mean:>+9.1%} "
-              f"{(e - median) / median:>+10.1%}  {src}{flag}", flush=True)
-    with open(a.out / "runtime_measure.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "step_times_s"])
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: v for k, v in r.items() if k != "step_times_s"})
+        print(f"{name}: {procs} processes, measured median {median:.4f} s, estimate {e:.4f} s{flag}", flush=True)
+    common.print_table("measured vs estimated iteration time (CPU processes)", rows,
+                       ["plan", "processes", "measured_median_s", "estimated_s", "relative_error_median"])
     load_after = os.getloadavg()[0]
-    (a.out / "runtime_measure.json").write_text(json.dumps(
-        {"model": MODEL, "sequence_length": a.sequence_length, "steps": a.steps, "warmup": a.warmup,
-         "device": prof.device, "cpu_count": os.cpu_count(), "effective_cores": eff,
-         "load_average": [load_before, load_after], "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
     mean_abs = statistics.fmean(abs(r["relative_error_median"]) for r in rows)
-    print(f"mean |error| (median times) {mean_abs:.1%}; load average {load_before:.2f} -> {load_after:.2f}; "
-          f"wrote {a.out / 'runtime_measure.csv'} and .json")
-
-
-if __name__ == "__main__":
-    main()
+    common.write_result(a.out, "runtime", rows,
+                        {"plans": len(rows), "mean_abs_error_median_times": mean_abs, "effective_cores": eff,
+                         "load_average_before": load_before, "load_average_after": load_after},
+                        {"model": MODEL, "sequence_length": a.sequence_length, "steps": a.steps, "warmup": a.warmup,
+                         "device": prof.device}, benchmark="runtime")
+    print(f"mean |error| (median times) {mean_abs:.1%}; load average {load_before:.2f} -> {load_after:.2f}")

@@ -1,0 +1,1 @@
+"""arachne's benchmarks, one tool: ``python -m benchmarks <subcommand> ...`` (see ``benchmarks/README.md``)."""
