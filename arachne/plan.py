@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from arachne.errors import InputError, from_validation_error, load_document
 from arachne.spec.cluster import Cluster
-from arachne.spec.job import Job, Precision
+from arachne.spec.job import MAX_GLOBAL_BATCH_SIZE, Job, Precision, sequence_error
 from arachne.spec.model import ModelSpec, load_model
 
 PLAN_FORMAT = "arachne-plan/1"
@@ -85,7 +85,7 @@ class Plan(BaseModel):
 
     format: str = PLAN_FORMAT
     model: str | dict[str, Any]
-    global_batch_size: int = Field(ge=1, strict=True)
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SIZE, strict=True)
     sequence_length: int = Field(ge=1, strict=True)
     micro_batch_size: int = Field(ge=1, strict=True)
     precision: Precision = "bf16"
@@ -169,6 +169,8 @@ def load_plan(path: str | Path) -> Plan:
 def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[str, str]]:
     """Every rule of formats v1 the plan breaks, as ``(field, reason)`` pairs."""
     errs: list[tuple[str, str]] = []
+    if (why := sequence_error(plan.sequence_length, model)) is not None:
+        errs.append(("sequence_length", why))
     seen: dict[str, str] = {}
     L = model.num_layers
     total = 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from arachne.cli.common import console, handle_errors
+from arachne.cli.common import console, err_console, handle_errors, print_assumptions
 
 profiles_app = typer.Typer(help="Measured per-layer profiles: import and inspect.", no_args_is_help=True)
 
@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         cm = _cost_model(cl, profiles)
         est = cm.estimate(pl.model_copy(update={"model": model.name}) if isinstance(pl.model, str) else pl,
                           validate=False)
+        print_assumptions(cl, cluster)
         if as_json:
             print(json.dumps(est.to_doc(), indent=2))
             return
@@ -70,29 +71,26 @@ def register(app: typer.Typer) -> None:
         layer_memory: Path | None = typer.Option(None, "--layer-memory", help="Sailor layer_memory.json"),
     ) -> None:
         """Convert Sailor's per-layer profiles into arachne's profile format."""
+        from arachne.fileio import check_output
+        from arachne.profiles.format import PROFILE_FILE_GLOB
         from arachne.profiles.sailor import import_sailor
 
-        written = import_sailor(file, out, layer_memory)
-        console.print(f"wrote {len(written)} profile files to {out}")
+        check_output(out, {"Sailor": file, "--layer-memory": layer_memory}, kind="dir", names=[PROFILE_FILE_GLOB])
+        result = import_sailor(file, out, layer_memory)
+        for skipped in result.skipped:
+            err_console.print(f"warning: {file}: skipped {skipped}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"wrote {len(result.written)} profile files to {out}", markup=False, highlight=False,
+                      soft_wrap=True)
 
     @profiles_app.command("list")
     @handle_errors
     def list_profiles(profiles: Path | None = typer.Option(None, "--profiles", help="profile directory "
                                                            "(default: the shipped ones)")) -> None:
         """List profiles: model, GPU, precision, micro-batch sizes and tp degrees."""
-        from rich.table import Table
-
         from arachne.profiles.format import ProfileDB, default_profile_db
+        from arachne.report.catalog import profile_table
 
         db = ProfileDB().load_dir(profiles) if profiles else default_profile_db()
-        t = Table(title="Profiles")
-        for c in ("model", "gpu", "precision", "seq", "tp", "micro-batch sizes", "source"):
-            t.add_column(c)
-        for s in db.sets.values():
-            d = s.doc
-            for tp in s.tps:
-                t.add_row(d.model, d.gpu, d.precision, str(d.sequence_length), str(tp),
-                          ",".join(str(m) for m in sorted(s.by_tp[tp])), d.source[:40])
-        console.print(t)
+        console.print(profile_table(list(db.sets.values())))
 
     app.add_typer(profiles_app, name="profiles")

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
-from arachne.cli.common import console, err_console, handle_errors
+from arachne.cli.common import console, handle_errors, print_assumptions
+from arachne.spec.job import MAX_GLOBAL_BATCH_SIZE
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +18,8 @@ def register(app: typer.Typer) -> None:
     def plan(
         cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
         model: str = typer.Option(..., "--model", "-m", help="catalog model name or model YAML/JSON file"),
-        global_batch_size: int = typer.Option(..., "--global-batch-size", "-b", min=1, help="sequences per iteration"),
+        global_batch_size: int = typer.Option(..., "--global-batch-size", "-b", min=1, max=MAX_GLOBAL_BATCH_SIZE,
+                                              help="sequences per iteration"),
         sequence_length: int = typer.Option(..., "--sequence-length", "-s", min=1, help="tokens per sequence"),
         planner: str = typer.Option("arachne", "--planner", help="arachne (default) or a baseline"),
         time_budget: float = typer.Option(60.0, "--time-budget", min=0.0, help="planning time budget, seconds"),
@@ -42,39 +45,37 @@ def register(app: typer.Typer) -> None:
         from arachne.planners.protocol import SearchBudget
         from arachne.report.tables import plan_report
         from arachne.spec.cluster import load_cluster
-        from arachne.spec.job import Job, check_precision
+        from arachne.spec.job import Job, check_precision, sequence_error
         from arachne.spec.model import load_model
 
         check_precision(precision)
         if output is not None:
-            from arachne.fileio import check_writable
+            from arachne.fileio import check_output
 
-            check_writable(output)
+            check_output(output, {"--cluster": cluster, "--model": model, "--profiles": profiles})
         cl = load_cluster(cluster)
         spec = load_model(model, "", "--model")
         job = Job(global_batch_size=global_batch_size, sequence_length=sequence_length, precision=precision)
-        if sequence_length > spec.max_sequence_length:
-            err_console.print(f"note: sequence length {sequence_length} exceeds {spec.name}'s "
-                              f"max_sequence_length {spec.max_sequence_length}")
+        if (why := sequence_error(sequence_length, spec)) is not None:
+            raise InputError("", "--sequence-length", why)
         if target is not None and planner != "arachne":
             raise InputError("", "--target", f"only the arachne planner takes a latency target, not {planner!r}")
         cm = _cost_model(cl, profiles)
         budget = SearchBudget(time_budget_s=time_budget, seed=seed, top_k=top_k, progress=sys.stderr.isatty())
         options = {"target_s": target} if target is not None else {}
         plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget, **options)
+        print_assumptions(cl, cluster)
         if output is not None:
             plan_doc.save(output)
         if as_json:
             print(json.dumps(plan_doc.to_doc(), indent=2))
             return
-        work = result.stats.notes.get("work_s")
-        console.print(f"[bold]{planner}[/bold] plan for {spec.name} on {cl.name} ({cl.num_gpus} GPUs): "
-                      f"{result.stats.candidates} candidates, {result.stats.plans_priced} plans priced"
-                      + (f", {work:.2f} s of work" if work is not None else ""))
+        console.print(Text.assemble((planner, "bold"), f" plan for {spec.name} on {cl.name} ({cl.num_gpus} GPUs): "
+                                    f"{result.stats.candidates} candidates, {result.stats.plans_priced} plans priced"))
         from arachne.cost.ceiling import throughput_ceiling
 
         ceiling = throughput_ceiling(cm, spec, global_batch_size, sequence_length, precision).tokens_per_s
-        console.print(plan_report(plan_doc, est, plan_doc.planning_time_s, ceiling))
+        console.print(plan_report(plan_doc, est, plan_doc.planning_time_s, ceiling, result.stats.notes.get("work_s")))
         if output is not None:
             console.print(f"plan written to {output}")
 
@@ -98,19 +99,23 @@ def register(app: typer.Typer) -> None:
         from arachne.planners.protocol import SearchBudget
         from arachne.report.tables import fmt_bytes, fmt_time, plan_report
         from arachne.spec.cluster import load_cluster
+        from arachne.spec.job import sequence_error
 
         if target is not None and planner != "arachne":
             raise InputError("", "--target", f"only the arachne planner takes a latency target, not {planner!r}")
         if output is not None:
-            from arachne.fileio import check_writable
+            from arachne.fileio import check_output
 
-            check_writable(output)
+            check_output(output, {"--cluster": cluster, "--plan": plan, "--profiles": profiles})
         cl = load_cluster(cluster)
         old = load_plan(plan)
         model = old.resolve_model(str(plan))
+        if (why := sequence_error(old.sequence_length, model)) is not None:  # the job itself cannot run
+            raise InputError(str(plan), "sequence_length", why)
         options = {"target_s": target} if target is not None else {}
         res = replan(old, cl, SearchBudget(time_budget_s=time_budget), planner, _cost_model(cl, profiles), model,
                      **options)
+        print_assumptions(cl, cluster)
         new = res.plan.model_copy(update={"planner": old.planner if res.kept_old else planner,
                                           "planning_time_s": old.planning_time_s if res.kept_old
                                           else round(res.planning_time_s, 6),
@@ -126,10 +131,11 @@ def register(app: typer.Typer) -> None:
         else:
             console.print(f"the running plan still runs on {cl.name}: {res.old_estimate.tokens_per_s:,.0f} tokens/s")
         if res.kept_old:
-            console.print(f"keep it: {planner} found nothing faster in {fmt_time(res.planning_time_s)}")
+            console.print(f"keep it: {planner} found nothing faster in {fmt_time(res.planning_time_s)} (wall clock)")
         else:
             console.print(f"new {planner} plan: {res.estimate.tokens_per_s:,.0f} tokens/s, planned in "
-                          f"{fmt_time(res.planning_time_s)}; moving to it sends {fmt_bytes(mig.bytes_moved)} of "
+                          f"{fmt_time(res.planning_time_s)} (wall clock); moving to it sends "
+                          f"{fmt_bytes(mig.bytes_moved)} of "
                           f"model state ({mig.devices_unchanged} of {mig.devices} GPUs keep theirs), about "
                           f"{fmt_time(mig.seconds)} at the receiving nodes' network bandwidth")
             if res.break_even_iterations is not None:

@@ -29,8 +29,13 @@ def register(app: typer.Typer) -> None:
         data: Path | None = typer.Option(None, "--data", help="retrain from a saved data.npz (no teacher run)"),
     ) -> None:
         """Train the template policy offline (teacher labels, imitation + reward ranking, DAgger)."""
+        from arachne.planners.arachne.train.pipeline import DATA_FILE, OUTPUT_FILES
+
+        # retraining (--data) rewrites only the outputs; report.json next to --data is read first, then replaced
+        _check_outputs(out, {"--data": data}, OUTPUT_FILES + (() if data is not None else (DATA_FILE,)),
+                       "--install" if install else None)
         from arachne.planners.arachne.train.learn import TrainConfig
-        from arachne.planners.arachne.train.pipeline import OUTPUT_FILES, PipelineConfig
+        from arachne.planners.arachne.train.pipeline import PipelineConfig
 
         cfg = PipelineConfig(clusters=clusters, val_clusters=val_clusters, rounds=rounds, workers=workers,
                              address=address, seed=seed, teacher_seconds=teacher_seconds, teacher_beam=teacher_beam,
@@ -56,6 +61,18 @@ def register(app: typer.Typer) -> None:
             _install(out, OUTPUT_FILES)
             err_console.print("the shipped ranker orders the previous policy's proposals: retrain it with "
                               "`arachne train-ranker --install`")
+
+    def _check_outputs(out: Path, inputs: dict[str, Path | None], names: tuple[str, ...],
+                       install_flag: str | None) -> None:
+        """The output folder (and the shipped weights' folder with --install/--add) can take the files,
+        checked before any training starts."""
+        from arachne.fileio import check_output
+
+        check_output(out, inputs, kind="dir", names=names)
+        if install_flag is not None:
+            from arachne.planners.arachne.learned.policy import weights_dir
+
+            check_output(weights_dir(), kind="dir", field=install_flag)
 
     def _install(out: Path, files: tuple[str, ...]) -> None:
         """Copy a training run's checkpoint, report and curve over the shipped ones."""
@@ -102,6 +119,9 @@ def register(app: typer.Typer) -> None:
         """Train the screening order: rank the policy's proposals and the rule templates together."""
         if install and add:
             raise InputError("", "--install/--add", "choose one (replace the shipped rankers, or add a member)")
+        from arachne.planners.arachne.learned.ranker import RANKER_OUTPUTS
+
+        _check_outputs(out, {}, RANKER_OUTPUTS, "--install" if install else "--add" if add else None)
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,

@@ -5,9 +5,11 @@ torch is imported only inside `run` and `profile`, so `arachne --help` stays lig
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,12 @@ def _need_torch(command: str) -> None:
         fail(f"`arachne {command}` needs PyTorch: pip install 'arachne[runtime]'", 2)
 
 
+# What each command writes inside its output directory (glob patterns), so that an input there is never
+# written over: arachne.runtime.checkpoint's layout, and export's files per format.
+CHECKPOINT_NAMES = ("latest", "latest.tmp", "step-*", ".tmp-step-*", ".staging-step-*", ".lock")
+EXPORT_NAMES = {"megatron": ("megatron_args.txt", "megatron.json"), "torchrun": ("rank_map.json", "launch_*.sh")}
+
+
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
@@ -42,13 +50,32 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
     return vals
 
 
+def _stoppable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` under :func:`arachne.runtime.signals.stop_on_signals`: SIGTERM, SIGHUP and SIGINT end
+    it with one line and exit code 128 + the signal, once everything it started has stopped."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from arachne.runtime.signals import Stopped, stop_on_signals
+
+        with stop_on_signals():
+            try:
+                return fn(*args, **kwargs)
+            except Stopped as exc:
+                fail(str(exc), exc.exit_code)
+
+    return wrapper
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     @handle_errors
+    @_stoppable
     def run(
         cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
         plan: Path = typer.Option(..., "--plan", "-p", help="plan JSON (formats v1)"),
-        steps: int = typer.Option(3, "--steps", min=1, help="iterations to run"),
+        steps: int = typer.Option(3, "--steps", min=1,
+                                  help="iterations to run now (after a resume: this many more, not a total)"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object per step on stdout"),
         seed: int = typer.Option(0, "--seed", help="seed of the initial weights and the synthetic data"),
         simulate_devices: bool = typer.Option(False, "--simulate-devices",
@@ -62,8 +89,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a plan for real: one process per plan device, synthetic data, PyTorch distributed."""
         from arachne.plan import load_plan, validate_plan
+        from arachne.runtime.flags import check_lr, check_timeout
         from arachne.spec.cluster import load_cluster
 
+        check_timeout(timeout)
+        check_lr(lr)
+        if checkpoint_dir is not None:
+            from arachne.fileio import check_output
+
+            check_output(checkpoint_dir, {"--cluster": cluster, "--plan": plan, "--profiles": profiles}, kind="dir",
+                         field="--checkpoint-dir", names=CHECKPOINT_NAMES)
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
@@ -81,13 +116,11 @@ def register(app: typer.Typer) -> None:
         cfg = RunConfig(steps=steps, seed=seed, lr=lr, simulate_devices=simulate_devices,
                         checkpoint_dir=checkpoint_dir, timeout_s=timeout)
         try:
-            result = run_plan(pl, model, cfg, on_step=show)
+            result = run_plan(pl, model, cfg, on_step=show,
+                              log=lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
         except JobError as exc:
             fail(str(exc), 1)
             return
-        if result.resumed_from is not None:
-            err_console.print(f"resumed from {checkpoint_dir} at step {result.resumed_from}", markup=False,
-                              highlight=False)
         if measure:
             from arachne.runtime.measure import measure as do_measure
 
@@ -119,13 +152,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure per-layer forward/backward time, optimizer step and activation memory on this machine.
 
-        Overriding shapes renames the model (e.g. ``OPT-350M[hidden_size=256]``) so that the profile
+        Overriding shapes renames the model (e.g. ``OPT-350M.hidden-256``) so that the profile
         is never taken for the real model's.
         """
-        from arachne.spec.job import check_precision
+        from arachne.fileio import check_output
+        from arachne.profiles.format import PROFILE_FILE_GLOB
+        from arachne.spec.job import check_precision, sequence_error
         from arachne.spec.model import load_model, model_from_dict
 
+        check_output(out, {"--model": model}, kind="dir", names=[PROFILE_FILE_GLOB])
         check_precision(precision)
+        if gpu is not None:  # the profile is filed under a GPU type the planner knows (or CPU)
+            from arachne.spec.gpus import gpu_catalog
+
+            known = gpu_catalog().get(gpu)
+            if known is None and gpu.upper() != "CPU":
+                raise InputError("", "--gpu", f"unknown GPU type {gpu!r} (see `arachne gpus`)")
+            gpu = known.name if known is not None else "CPU"
         spec = load_model(model, "", "--model")
         over = {k: v for k, v in (("num_layers", num_layers), ("hidden_size", hidden_size),
                                   ("ffn_hidden_size", ffn_hidden_size), ("num_attention_heads", num_attention_heads),
@@ -135,13 +178,14 @@ def register(app: typer.Typer) -> None:
             if "num_attention_heads" in over or "hidden_size" in over:
                 heads = doc["num_attention_heads"]
                 doc["num_kv_heads"] = None if spec.num_kv_heads is None else math.gcd(spec.kv_heads, heads)
-            doc["name"] = f"{spec.name}[{','.join(f'{k}={v}' for k, v in over.items())}]"
+            short = {"num_layers": "layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn",
+                     "num_attention_heads": "heads", "vocab_size": "vocab"}  # a safe name (spec/names.py)
+            doc["name"] = spec.name + "".join(f".{short[k]}-{v}" for k, v in over.items())
             doc["aliases"] = ()
             spec = model_from_dict(doc, "", "--model")
         seq = sequence_length or min(2048, spec.max_sequence_length)
-        if seq > spec.max_sequence_length:
-            raise InputError("", "--sequence-length",
-                             f"{seq} exceeds the model's max_sequence_length {spec.max_sequence_length}")
+        if (why := sequence_error(seq, spec)) is not None:
+            raise InputError("", "--sequence-length", why)
         tps = _int_list(tp, "--tp")
         for t in tps:
             if (why := spec.tp_error(t)) is not None:
@@ -151,12 +195,26 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from arachne.profiles.format import profile_filename, write_profile
-        from arachne.runtime.profiler import ProfileSettings, profile_model
+        from arachne.runtime.profiler import (ProfileSettings, available_memory_bytes, profile_memory_bytes,
+                                              profile_model)
 
         if threads:
             torch.set_num_threads(threads)
         settings = ProfileSettings(micro_batch_sizes=_int_list(micro_batch_sizes, "--micro-batch-sizes"), tps=tps,
                                    sequence_length=seq, precision=precision, blocks=blocks, repeats=repeats)
+        use_cuda = torch.cuda.is_available()
+        need, have = profile_memory_bytes(spec, settings, use_cuda), available_memory_bytes(use_cuda)
+        if have is not None and need > 0.8 * have:  # measure what fits instead of swapping or being killed
+            what = (f"profiling {spec.name} ({blocks} block(s) of each kind, micro-batch "
+                    f"{max(settings.micro_batch_sizes)}, sequence {seq}, tp {','.join(map(str, tps))}) needs about "
+                    f"{need / 1e9:.1f} GB")
+            where = "free on CUDA device 0" if use_cuda else "available on this machine"
+            if need > have:
+                raise InputError("", "--model", f"{what}, but only {have / 1e9:.1f} GB is {where}; profile a smaller "
+                                                "copy (--num-layers, --hidden-size, --vocab-size), fewer --blocks or "
+                                                "smaller --micro-batch-sizes")
+            err_console.print(f"warning: {what}, close to the {have / 1e9:.1f} GB {where}", markup=False,
+                              highlight=False, soft_wrap=True)
         try:
             doc = profile_model(spec, settings, gpu, log=lambda m: err_console.print(m, markup=False, highlight=False))
         except RuntimeError as exc:
@@ -174,17 +232,23 @@ def register(app: typer.Typer) -> None:
         cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
         fmt: str = typer.Option(..., "--format", "-f", help="torchrun or megatron"),
         out: Path | None = typer.Option(None, "-o", "--out", help="output directory (default: stdout)"),
-        port: int = typer.Option(29500, "--master-port", help="torchrun rendezvous port"),
+        port: int = typer.Option(29500, "--master-port", min=1, max=65535, help="torchrun rendezvous port"),
         steps: int = typer.Option(100, "--steps", min=1, help="iterations the torchrun workers run"),
         as_json: bool = typer.Option(False, "--json", help="torchrun: print the rank map JSON (with commands)"),
     ) -> None:
         """Write torchrun launch commands and a rank map, or Megatron-LM arguments, for a plan."""
+        from arachne.fileio import write_text_safely
         from arachne.plan import load_plan, validate_plan
-        from arachne.runtime.export import megatron_export, torchrun_export
+        from arachne.runtime.export import launch_script, launch_script_name, megatron_export, output_path
+        from arachne.runtime.export import torchrun_export
         from arachne.spec.cluster import load_cluster
 
         if fmt not in ("torchrun", "megatron"):
             raise InputError("", "--format", f"expected torchrun or megatron, got {fmt!r}")
+        if out is not None:
+            from arachne.fileio import check_output
+
+            check_output(out, {"--plan": plan, "--cluster": cluster}, kind="dir", names=EXPORT_NAMES[fmt])
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
@@ -198,8 +262,8 @@ def register(app: typer.Typer) -> None:
                     err_console.print(f"note: {n}", markup=False, highlight=False)
                 return
             out.mkdir(parents=True, exist_ok=True)
-            (out / "megatron_args.txt").write_text("\n".join(mx.args) + "\n")
-            (out / "megatron.json").write_text(json.dumps(mx.to_doc(), indent=1) + "\n")
+            write_text_safely(output_path(out, "megatron_args.txt"), "\n".join(mx.args) + "\n")
+            write_text_safely(output_path(out, "megatron.json"), json.dumps(mx.to_doc(), indent=1) + "\n")
             console.print(f"wrote {out / 'megatron_args.txt'} and {out / 'megatron.json'}", markup=False,
                           highlight=False)
             return
@@ -216,11 +280,10 @@ def register(app: typer.Typer) -> None:
                       f"dp group {r['dp_group']} tp rank {r['tp_rank']} layers [{r['layers'][0]}, {r['layers'][1]})")
             return
         out.mkdir(parents=True, exist_ok=True)
-        (out / "rank_map.json").write_text(json.dumps(doc, indent=1) + "\n")
+        write_text_safely(output_path(out, "rank_map.json"), json.dumps(doc, indent=1) + "\n")
         for n in doc["nodes"]:
-            script = out / f"launch_{n['node']}.sh"
-            script.write_text(f"#!/bin/sh\n# node {n['node']}: global ranks {n['first_rank']}.."
-                              f"{n['first_rank'] + n['nproc_per_node'] - 1}\nexec {n['command']}\n")
+            script = output_path(out, launch_script_name(n))  # stays inside out/, or exit 2
+            write_text_safely(script, launch_script(n))
             script.chmod(0o755)
         console.print(f"wrote {out / 'rank_map.json'} and {len(doc['nodes'])} launch script(s)", markup=False,
                       highlight=False)

@@ -23,7 +23,7 @@ from arachne.planners.registry import (
     variants_of,
 )
 from arachne.spec.cluster import Cluster
-from arachne.spec.job import Job
+from arachne.spec.job import Job, sequence_error
 from arachne.spec.model import ModelSpec
 
 
@@ -47,6 +47,8 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
     Raises :class:`NoFeasiblePlanError` (saying by how much memory falls short) when nothing fits."""
     cost_model = cost_model or CostModel(cluster)
     planner = get_planner(name, **options)
+    if (why := sequence_error(job.sequence_length, model)) is not None:
+        raise InputError("", "sequence_length", why)
     need, have = model_state_bounds(cluster, model, job)
     if need > have:  # no layout can fit: say so now instead of searching the whole budget
         raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name))

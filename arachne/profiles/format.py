@@ -36,26 +36,26 @@ PROFILE_FORMAT = "arachne-profile/1"
 
 
 class PassTimes(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     fwd_s: float = Field(ge=0)
     bwd_s: float = Field(ge=0)
 
 
 class BlockTimes(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     fwd_s: tuple[float, ...]
     bwd_s: tuple[float, ...]
 
 
 class MemoryProfile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
     block_activation_bytes: tuple[float, ...] | None = None
     embedding_activation_bytes: float | None = None
     head_activation_bytes: float | None = None
 
 
 class ProfileEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     micro_batch_size: int = Field(ge=1)
     tp: int = Field(ge=1)
     embedding: PassTimes
@@ -66,7 +66,7 @@ class ProfileEntry(BaseModel):
 
 
 class ProfileDocument(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     format: str = PROFILE_FORMAT
     model: str
     gpu: str
@@ -198,6 +198,9 @@ def write_profile(doc: ProfileDocument, path: str | Path) -> None:
 
 def profile_filename(model: str, gpu: str, precision: str) -> str:
     return f"{normalize_name(model)}__{normalize_name(gpu)}__{precision}.json"
+
+
+PROFILE_FILE_GLOB = "*__*__*.json"  # every name profile_filename gives
 
 
 @lru_cache(maxsize=1)

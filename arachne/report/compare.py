@@ -11,7 +11,8 @@ from rich.text import Text
 from arachne.cost import Estimate
 from arachne.plan import Plan
 from arachne.planners.harness import CompareRow, best_throughput
-from arachne.report.tables import fmt_bytes, fmt_time
+from arachne.report.fit import Fit, caption, column, compact_table, text, wide_table
+from arachne.report.tables import fmt_bytes, fmt_time, memory_style
 
 
 def _values(xs: list[int]) -> str:
@@ -19,57 +20,99 @@ def _values(xs: list[int]) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def structure(plan: Plan) -> str:
-    """Pipelines x stages, e.g. ``1x4`` or ``3 pipes: 2-5 stages``."""
+def structure(plan: Plan, compact: bool = False) -> str:
+    """Pipelines x stages, e.g. ``1x4`` or ``3 pipes: 2-5 st.`` (compact: ``3x2-5``)."""
     counts = [len(p.stages) for p in plan.pipelines]
     if len(counts) == 1:
         return f"1x{counts[0]}"
-    return f"{len(counts)}x{counts[0]}" if len(set(counts)) == 1 else f"{len(counts)} pipes: {_values(counts)} st."
+    if len(set(counts)) == 1:
+        return f"{len(counts)}x{counts[0]}"
+    return f"{len(counts)}x{_values(counts)}" if compact else f"{len(counts)} pipes: {_values(counts)} st."
 
 
-def degrees(plan: Plan) -> str:
-    """Ranges of TP / stage-DP / EP over all stages."""
+def degrees(plan: Plan, compact: bool = False) -> str:
+    """Ranges of TP / stage-DP / EP over all stages (compact: without spaces)."""
     st = [s for p in plan.pipelines for s in p.stages]
-    return f"{_values([s.tp for s in st])} / {_values([s.dp_size for s in st])} / {_values([s.ep for s in st])}"
+    sep = "/" if compact else " / "
+    return sep.join(_values(v) for v in ([s.tp for s in st], [s.dp_size for s in st], [s.ep for s in st]))
+
+
+def _worst(est: Estimate) -> tuple[float, float, float]:
+    """(memory, capacity, share) of the fullest stage."""
+    s = max(est.stages, key=lambda s: s.memory_bytes / s.capacity_bytes)
+    return s.memory_bytes, s.capacity_bytes, s.memory_bytes / s.capacity_bytes
 
 
 def worst_memory(est: Estimate) -> Text:
     """Memory of the fullest stage against its capacity, coloured by headroom."""
-    s = max(est.stages, key=lambda s: s.memory_bytes / s.capacity_bytes)
-    ratio = s.memory_bytes / s.capacity_bytes
-    style = "red" if ratio > 1 else ("yellow" if ratio > 0.9 else "green")
-    return Text(f"{fmt_bytes(s.memory_bytes)} / {fmt_bytes(s.capacity_bytes)}", style=style)
+    mem, cap, ratio = _worst(est)
+    return Text(f"{fmt_bytes(mem)} / {fmt_bytes(cap)}", style=memory_style(ratio))
 
 
-def compare_table(rows: list[CompareRow], title: str) -> Table:
-    """One line per planner: throughput, MFU, memory, structure, planning cost, ratio to the best."""
-    t = Table(title=title, title_justify="left")
+def _planning(r: CompareRow) -> str:
+    return fmt_time(r.planning_time_s) + (" (budget)" if r.timed_out else "")
+
+
+def _failures(rows: list[CompareRow]) -> list[str]:
+    """Why each planner without a plan has none, one line each (shown under the table, never in a cell)."""
+    out = []
+    for r in rows:
+        if r.estimate is None or r.plan is None:
+            text_ = r.error or "no plan"
+            _, found, why = text_.partition(" found no plan that fits in memory")
+            out.append(f"{r.planner}: " + ("no plan fits" + why if found else text_))
+    return out
+
+
+def _compare_wide(rows: list[CompareRow], title: str, best: float) -> Table:
+    t = wide_table(title)
     for col, just in (("planner", "left"), ("tokens/s", "right"), ("samples/s", "right"), ("MFU", "right"),
                       ("iteration", "right"), ("peak mem / capacity", "right"), ("pipes x stages", "right"),
                       ("TP / DP / EP", "right"), ("GPUs", "right"), ("planning", "right"), ("priced", "right"),
                       ("vs best", "right")):
-        t.add_column(col, justify=just)
-    best = best_throughput(rows)
+        column(t, col, just)
     for r in rows:
-        plan_t = fmt_time(r.planning_time_s) + (" (budget)" if r.timed_out else "")
         if r.estimate is None or r.plan is None:
-            t.add_row(r.planner, Text(_short(r.error), style="red"), "", "", "", "", "", "", "", plan_t,
+            t.add_row(text(r.planner), Text("no plan", style="red"), "", "", "", "", "", "", "", _planning(r),
                       str(r.plans_priced), "-")
             continue
         e = r.estimate
         ratio = e.tokens_per_s / best if best else 0.0
-        t.add_row(r.planner, f"{e.tokens_per_s:,.0f}", f"{e.samples_per_s:,.2f}", f"{e.mfu:.1%}",
+        t.add_row(text(r.planner), f"{e.tokens_per_s:,.0f}", f"{e.samples_per_s:,.2f}", f"{e.mfu:.1%}",
                   fmt_time(e.iteration_time_s), worst_memory(e), structure(r.plan), degrees(r.plan),
-                  str(len(r.plan.devices)), plan_t, str(r.plans_priced),
+                  str(len(r.plan.devices)), _planning(r), str(r.plans_priced),
                   Text(f"{ratio:.2f}x", style="bold green" if ratio >= 0.999 else ""))
-    return t
+    return caption(t, ["planning: wall clock on this machine"] + _failures(rows))
 
 
-def _short(error: str | None, width: int = 60) -> str:
-    text = error or "no plan"
-    _, found, why = text.partition(" found no plan that fits in memory")
-    text = "no fit" + why if found else text
-    return text if len(text) <= width else text[:width - 1] + "…"
+def _compare_compact(rows: list[CompareRow], title: str, best: float) -> Table:
+    """The headline columns: samples/s, iteration time, GPU count and plans priced are left to ``--json``;
+    memory is the fullest stage's share of its GPU; structure and degrees are written without spaces."""
+    t = compact_table(title)
+    for col, just in (("planner", "left"), ("tokens/s", "right"), ("vs best", "right"), ("MFU", "right"),
+                      ("mem", "right"), ("pipes\nx stages", "right"), ("tp/dp/ep", "right")):
+        column(t, col, just)
+    column(t, "planning", "right")
+    for r in rows:
+        if r.estimate is None or r.plan is None:
+            t.add_row(text(r.planner), Text("no plan", style="red"), "-", "", "", "", "", _planning(r))
+            continue
+        e = r.estimate
+        ratio = e.tokens_per_s / best if best else 0.0
+        share = _worst(e)[2]
+        t.add_row(text(r.planner), f"{e.tokens_per_s:,.0f}",
+                  Text(f"{ratio:.2f}x", style="bold green" if ratio >= 0.999 else ""), f"{e.mfu:.1%}",
+                  Text(f"{share:.0%}", style=memory_style(share)), structure(r.plan, compact=True),
+                  degrees(r.plan, compact=True), _planning(r))
+    return caption(t, ["mem: fullest stage's share of its GPU memory; planning: wall clock on this machine"]
+                    + _failures(rows))
+
+
+def compare_table(rows: list[CompareRow], title: str) -> Fit:
+    """One line per planner: throughput, MFU, memory, structure, planning cost, ratio to the best; why a planner
+    found no plan is said under the table."""
+    best = best_throughput(rows)
+    return Fit(lambda: _compare_wide(rows, title, best), lambda: _compare_compact(rows, title, best))
 
 
 def _si(x: float) -> str:

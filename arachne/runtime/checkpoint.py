@@ -10,18 +10,28 @@ Layout of a checkpoint directory::
 
 Tensors are full (unsharded) canonical tensors, so a job can resume with any other plan.
 Each writer rank saves its pieces to ``D/.tmp-step-N/rank-R.pt``; rank 0 assembles them.
+
+A step is published only once complete: its files are written (and synced) in
+``D/.staging-step-N``, renamed to ``D/step-N``, and then ``D/latest`` is replaced atomically. A run
+stopped at any moment leaves the previous ``latest`` loadable. The run writing ``D`` holds an
+exclusive lock on ``D/.lock`` (:func:`locked`), which also clears what a stopped run left half-written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from arachne.errors import InputError
 from arachne.runtime.layout import checkpoint_file, name_order
 
 CHECKPOINT_FORMAT = "arachne-checkpoint/1"
@@ -70,18 +80,85 @@ def assemble(root: Path, step: int, shapes: dict[str, tuple[int, ...]], meta: di
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for fname, content in files.items():
-        torch.save(content, staging / fname)
-    (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
+        with open(staging / fname, "wb") as fh:
+            torch.save(content, fh)
+            _sync(fh)
+    with open(staging / "meta.json", "w") as fh:
+        fh.write(json.dumps(meta, indent=1) + "\n")
+        _sync(fh)
+    _sync_dir(staging)
+    shutil.rmtree(out, ignore_errors=True)  # a step published by a stopped run but never made latest
     staging.replace(out)
+    _sync_dir(root)
     latest_tmp = root / "latest.tmp"
-    latest_tmp.write_text(out.name + "\n")
+    with open(latest_tmp, "w") as fh:
+        fh.write(out.name + "\n")
+        _sync(fh)
     latest_tmp.replace(root / "latest")
+    _sync_dir(root)
     shutil.rmtree(src, ignore_errors=True)
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in steps[:-KEEP]:
+    older = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name < out.name)
+    for old in older[:max(0, len(older) - (KEEP - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _sync(fh: Any) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _sync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (a power cut after it keeps the new name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+LOCK_FILE = ".lock"
+PARTIAL = (".tmp-step-*", ".staging-step-*", "latest.tmp")
+
+
+def clear_partial(root: Path) -> None:
+    """Remove what a stopped run left half-written (never read: a later run of the same step
+    would otherwise merge a stale rank's pieces). Only the lock holder may call this."""
+    for pattern in PARTIAL:
+        for p in root.glob(pattern):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold the checkpoint directory ``root`` (created if missing) for one run.
+
+    An exclusive ``flock`` on ``root/.lock``, released when the holder exits, however it exits.
+    A directory another run holds is refused with an :class:`InputError` naming that run's process.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise InputError(str(root), "", f"cannot use as a checkpoint directory "
+                                        f"({exc.strerror or type(exc).__name__})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            who = f" (process {holder})" if holder.isdigit() else ""
+            raise InputError(str(root), "", f"checkpoint directory in use by another run{who}; wait for it "
+                                            "to end or stop it, or choose another --checkpoint-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        clear_partial(root)
+        yield
+    finally:
+        os.close(fd)
 
 
 def latest(root: Path) -> Path | None:

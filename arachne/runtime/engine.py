@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
+import signal
+import threading
 import time
-import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,7 +60,9 @@ class WorkerConfig:
     resume_from: str | None = None
     start_step: int = 0
     start_sample: int = 0
-    fault: tuple[int, int] | None = None  # (rank, step): that process dies there (tests)
+    # (rank, step[, kind]): that process dies there (kind "exit", the default) or stops itself
+    # with SIGSTOP ("freeze"), as a hung process would (fault-injection tests)
+    fault: tuple[int, int] | tuple[int, int, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -231,6 +236,7 @@ class Worker:
         cfg = self.cfg
         self._setup_groups()
         self.build()
+        self.report({"type": "phase", "phase": "built", "rank": self.rank})
         world = self.layout.world_size
         samples = cfg.start_sample
         losses: list[float] = list(cfg.extra.get("losses", []))
@@ -240,7 +246,10 @@ class Worker:
                 if world > 1:  # once every process has finished (and rank 0 reported) the steps before
                     dist.barrier()
                 if cfg.fault[0] == self.rank:
-                    os._exit(17)
+                    if cfg.fault[2:] == ("freeze",):
+                        os.kill(os.getpid(), signal.SIGSTOP)
+                    else:
+                        os._exit(17)
             t0 = time.perf_counter()
             for p in self.by_spec.values():
                 p.grad.zero_()  # type: ignore[union-attr]
@@ -288,18 +297,40 @@ def init_distributed(rank: int, cfg: WorkerConfig) -> None:
 
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    first = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text[0]) if text else ""  # gloo's source location
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
-def spawn_entry(rank: int, cfg: WorkerConfig, queue: Any) -> None:
+def _exit_with_launcher(launcher: Any) -> None:
+    """Exit at once when the launcher's end of the ``launcher`` pipe closes: the launcher has ended
+    or is stopping the job, whatever it was killed with, and no process may train on without it."""
+
+    def watch() -> None:
+        try:
+            launcher.recv()  # nothing is ever sent: this returns only at end of file
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="arachne-launcher-watch", daemon=True).start()
+
+
+def spawn_entry(rank: int, cfg: WorkerConfig, queue: Any, launcher: Any = None) -> None:
     """Entry point of a process started by :func:`arachne.runtime.launch.run_plan`."""
+    # Ctrl-C reaches every process of the terminal's group: the launcher alone decides, and stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if launcher is not None:
+        _exit_with_launcher(launcher)
     try:
         init_distributed(rank, cfg)
+        queue.put({"type": "phase", "phase": "connected", "rank": rank})
         Worker(rank, cfg, queue.put).run()
         if rank == 0:
             queue.put({"type": "done"})
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as exc:  # report, then let the launcher stop the job
-        queue.put({"type": "error", "rank": rank, "message": one_line(exc), "traceback": traceback.format_exc()})
+        # kept short: a pipe write under PIPE_BUF is atomic, so a process stopped meanwhile cannot leave
+        # half a message that the launcher would wait on
+        queue.put({"type": "error", "rank": rank, "message": one_line(exc)[:500]})
         raise

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from arachne.errors import InputError
 from arachne.plan import Plan
 from arachne.runtime.layout import Layout
 from arachne.spec.cluster import Cluster
 from arachne.spec.model import ModelSpec
+from arachne.spec.names import check_name
 
 RANKMAP_FORMAT = "arachne-rankmap/1"
 
@@ -58,6 +62,34 @@ def torchrun_export(plan: Plan, model: ModelSpec, cluster: Cluster, plan_path: s
                       "dp_group": role.group, "tp_rank": role.tp_rank, "layers": list(role.layers)})
     return {"format": RANKMAP_FORMAT, "world_size": lay.world_size, "master_addr": master,
             "master_port": master_port, "nodes": out_nodes, "ranks": ranks}
+
+
+def output_path(out: str | Path, name: str) -> Path:
+    """``out/name`` for a file that export writes, or :class:`InputError` when ``name`` is not one plain file
+    name or the path would leave ``out`` (through ``..``, a separator, or a symlink inside ``out``)."""
+    root = Path(out)
+    if not name or name in (".", "..") or os.sep in name or (os.altsep and os.altsep in name) or "\0" in name \
+            or any(c in name for c in "\n\r"):
+        raise InputError(str(root), "-o", f"refusing to write {name!r}: not a plain file name")
+    path = root / name
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise InputError(str(root), "-o", f"refusing to write {name!r}: it would leave the output directory")
+    return path
+
+
+def launch_script(node: dict[str, Any]) -> str:
+    """The ``launch_NODE.sh`` text for one entry of the rank map's ``nodes``. The node name is checked again
+    (a Cluster built in code skips the reader's check) and every value is shell-quoted."""
+    name = check_name(node["node"], field="nodes.node")
+    first, last = int(node["first_rank"]), int(node["first_rank"]) + int(node["nproc_per_node"]) - 1
+    argv = shlex.split(node["command"])  # the command is shlex.join(argv): re-quote each argument
+    return (f"#!/bin/sh\n# node {shlex.quote(name)}: global ranks {first}..{last}\n"
+            f"exec {shlex.join(argv)}\n")
+
+
+def launch_script_name(node: dict[str, Any]) -> str:
+    """``launch_NODE.sh`` (the node name checked by :func:`launch_script`)."""
+    return f"launch_{check_name(node['node'], field='nodes.node')}.sh"
 
 
 @dataclass

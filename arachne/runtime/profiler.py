@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import platform
 import statistics
 import time
@@ -24,6 +25,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from arachne.cost.calibration import DEFAULT_CALIBRATION
+from arachne.cost.compute import act_bytes
+from arachne.cost.memory import block_activation_bytes, block_transient_bytes, head_transient_bytes
 from arachne.profiles.format import (
     BlockTimes,
     MemoryProfile,
@@ -54,6 +58,71 @@ def measured_blocks(model: ModelSpec, per_kind: int) -> list[int]:
     for kind in (False, True):
         out += [i for i in range(model.num_layers) if model.moe_layers[i] == kind][:per_kind]
     return sorted(out)
+
+
+PROCESS_OVERHEAD_BYTES = 0.5e9  # torch and its libraries in one process
+STATE_BYTES_PER_PARAM = 16  # ParamStore keeps fp32 weights; plus fp32 gradients and Adam's two moments
+
+
+def rank_memory_bytes(model: ModelSpec, s: ProfileSettings, tp: int) -> float:
+    """Estimated peak memory of one process profiling ``model`` at ``tp``: the measured parts' weights,
+    gradients and Adam state, the largest micro-batch's activations (SDPA keeps no attention scores), and
+    the whole token embedding that is initialised before it is sharded."""
+    cal = DEFAULT_CALIBRATION.memory
+    h, vocab = model.hidden_size, model.padded_vocab()
+    idx = measured_blocks(model, s.blocks)
+    params = (model.embedding_params() + sum(model.block_params(i) for i in idx) / tp
+              + vocab * h / tp + h * (2 if model.bias else 1))
+    per_param = STATE_BYTES_PER_PARAM + (2 if s.precision in AUTOCAST else 0)  # autocast's 16-bit weight copies
+    init = 4 * params + 3 * 4 * vocab * h
+    b, seq = max(s.micro_batch_sizes), s.sequence_length
+    scale = act_bytes(s.precision) / act_bytes("bf16")  # the flash-attention accounting, at this element size
+    block = max(block_activation_bytes(model, i, seq, b, tp, "bf16", cal)
+                + block_transient_bytes(model, seq, b, tp, "bf16", cal) for i in idx) * scale
+    act = 4 * b * seq * h + max(block, head_transient_bytes(model, seq, b, tp, cal))
+    return max(init, per_param * params + act) + PROCESS_OVERHEAD_BYTES
+
+
+def profile_memory_bytes(model: ModelSpec, s: ProfileSettings, use_cuda: bool) -> float:
+    """Peak memory a profile needs: of one GPU with CUDA, else of the host (``tp`` processes at once)."""
+    return max(rank_memory_bytes(model, s, tp) * (1 if use_cuda else tp) for tp in s.tps)
+
+
+def _cgroup_available() -> float | None:
+    """Memory the cgroup (container) may still use, when it is limited."""
+    v1 = "/sys/fs/cgroup/memory/memory."
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         (v1 + "limit_in_bytes", v1 + "usage_in_bytes")):
+        try:
+            text = open(limit).read().strip()
+            if text == "max" or int(text) >= 2**60:
+                return None
+            return int(text) - int(open(usage).read().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_memory_bytes(use_cuda: bool) -> float | None:
+    """Free memory of CUDA device 0, or the host's available memory (the container's limit included);
+    None when it cannot be read."""
+    if use_cuda:
+        return float(torch.cuda.mem_get_info(0)[0])
+    host = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                host = float(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if host is None:
+        try:
+            host = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            host = None
+    group = _cgroup_available()
+    return group if host is None else host if group is None else min(host, group)
 
 
 @contextlib.contextmanager

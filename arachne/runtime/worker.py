@@ -9,6 +9,7 @@ one JSON object per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -19,10 +20,13 @@ import torch
 import torch.distributed as dist
 
 from arachne.errors import InputError
-from arachne.plan import load_plan, validate_plan
+from arachne.plan import Plan, load_plan, validate_plan
+from arachne.runtime import checkpoint as ckpt
 from arachne.runtime.engine import Worker, WorkerConfig, one_line
+from arachne.runtime.flags import check_lr, check_timeout
 from arachne.runtime.launch import resume_point
 from arachne.spec.cluster import load_cluster
+from arachne.spec.model import ModelSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
     a = ap.parse_args(argv)
     try:
+        check_timeout(a.timeout)
+        check_lr(a.lr)
         cluster = load_cluster(a.cluster)
         plan = load_plan(a.plan)
         model = validate_plan(plan, cluster, source=a.plan)
@@ -56,6 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         device = mine[local_rank]
     else:
         device = plan.devices[rank]
+    with contextlib.ExitStack() as held:
+        if a.checkpoint_dir and rank == 0:  # rank 0 writes the checkpoint; it holds the directory
+            try:
+                held.enter_context(ckpt.locked(Path(a.checkpoint_dir)))
+            except InputError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        return _train(a, plan, model, rank, world, device)
+
+
+def _train(a: argparse.Namespace, plan: Plan, model: ModelSpec, rank: int, world: int, device: str) -> int:
     use_cuda = torch.cuda.is_available() and not a.cpu
     if use_cuda:
         torch.cuda.set_device(int(device.split(":")[1]) % torch.cuda.device_count())
@@ -79,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg.seed, cfg.extra["losses"] = int(meta["seed"]), list(meta.get("losses", []))
 
     def report(msg: dict) -> None:
-        print(json.dumps({k: msg[k] for k in ("step", "loss", "time_s")}), flush=True)
+        if msg["type"] == "step":
+            print(json.dumps({k: msg[k] for k in ("step", "loss", "time_s")}), flush=True)
 
     try:
         Worker(rank, cfg, report).run()

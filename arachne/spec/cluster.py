@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arachne.errors import InputError, from_validation_error, load_document
 from arachne.spec.gpus import GB, CustomGPUType, GPUCatalog, GPUType, gpu_catalog
+from arachne.spec.names import DisplayName, check_name
 
 
 class NodeGroupSpec(BaseModel):
@@ -33,7 +34,7 @@ class ClusterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = "cluster"
+    name: DisplayName = "cluster"
     nodes: list[NodeGroupSpec] = Field(min_length=1)
     gpu_types: list[CustomGPUType] = Field(default_factory=list)
 
@@ -76,6 +77,8 @@ class Cluster:
     name: str
     nodes: tuple[Node, ...]
     catalog: GPUCatalog = field(repr=False, compare=False)
+    # figures the document left out and the GPU type supplied, one sentence each (the CLI prints them)
+    assumed: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @cached_property
     def devices(self) -> dict[str, Device]:
@@ -145,6 +148,7 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
     catalog = gpu_catalog().with_types([g.to_gpu_type() for g in spec.gpu_types])
     nodes: list[Node] = []
     seen: set[str] = set()
+    assumed: list[str] = []
     for gi, group in enumerate(spec.nodes):
         gpu = catalog.get(group.gpu)
         if gpu is None:
@@ -153,6 +157,12 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
         if "{i}" not in group.name and group.count != 1:
             raise InputError(source, f"nodes[{gi}].name", "a group with count > 1 needs '{i}' in its name")
         per_node = group.gpus_per_node or gpu.gpus_per_node
+        where = f"nodes[{gi}] ({group.name}" + (f", {group.count} nodes)" if group.count > 1 else ")")
+        if group.gpus_per_node is None:
+            assumed.append(f"{where}: gpus_per_node not given, assumed {per_node}, the {gpu.name} default")
+        if group.inter_node_gbps is None:
+            assumed.append(f"{where}: inter_node_gbps not given, assumed {gpu.inter_node_gbps:g} GB/s, "
+                           f"the {gpu.name} default")
         inter = (group.inter_node_gbps or gpu.inter_node_gbps) * GB
         intra = group.intra_node_gbps * GB / 2 * 0.8 if group.intra_node_gbps else gpu.collective_bandwidth
         nics = min(gpu.nics_per_node, per_node)
@@ -160,11 +170,12 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
             name = group.name.replace("{i}", str(i))
             if ":" in name:
                 raise InputError(source, f"nodes[{gi}].name", "node names must not contain ':'")
+            check_name(name, source, f"nodes[{gi}].name")  # names reach launch scripts, file names, terminals
             if name in seen:
                 raise InputError(source, f"nodes[{gi}].name", f"duplicate node name {name!r}")
             seen.add(name)
             nodes.append(Node(name, len(nodes), gpu, per_node, inter, intra, nics, group.zone, group.intra_node_gbps))
-    return Cluster(spec.name, tuple(nodes), catalog)
+    return Cluster(spec.name, tuple(nodes), catalog, tuple(assumed))
 
 
 def cluster_from_dict(data: dict[str, Any], source: str = "") -> Cluster:

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from arachne.errors import load_yaml
+from arachne.spec.names import SafeName
 
 GB = 1e9
 TFLOPS = 1e12
@@ -25,7 +26,7 @@ class GPUType(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(min_length=1)
+    name: SafeName
     aliases: tuple[str, ...] = ()
     vendor: str = "unknown"
     generation: str = "unknown"
@@ -90,7 +91,7 @@ class CustomGPUType(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(min_length=1)
+    name: SafeName
     memory_gb: float = Field(gt=0)
     peak_tflops: float = Field(gt=0)
     memory_bandwidth_gbps: float = Field(gt=0)

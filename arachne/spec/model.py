@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from arachne.errors import InputError, from_validation_error, load_document, load_yaml
 from arachne.spec.gpus import normalize_name
+from arachne.spec.names import SafeName
 
 
 class ModelSpec(BaseModel):
@@ -18,27 +19,27 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(min_length=1)
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    ffn_hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
+    name: SafeName  # reaches terminals and profile file names
+    num_layers: int = Field(ge=1, le=10_000)  # upper bounds keep every count a finite float
+    hidden_size: int = Field(ge=1, le=1_000_000)
+    ffn_hidden_size: int = Field(ge=1, le=10_000_000)
+    num_attention_heads: int = Field(ge=1, le=1_000_000)
     num_kv_heads: int | None = Field(default=None, ge=1)
-    vocab_size: int = Field(ge=1)
-    max_sequence_length: int = Field(default=2048, ge=1)
-    num_experts: int = Field(default=1, ge=1)
+    vocab_size: int = Field(ge=1, le=100_000_000)
+    max_sequence_length: int = Field(default=2048, ge=1, le=100_000_000)
+    num_experts: int = Field(default=1, ge=1, le=100_000)
     experts_top_k: int = Field(default=1, ge=1)
-    moe_layer_frequency: int = Field(default=1, ge=1)
+    moe_layer_frequency: int = Field(default=1, ge=1, le=10_000)
     tied_embeddings: bool = False
     # optional additions (not in formats v1)
     aliases: tuple[str, ...] = ()
     mlp: Literal["gelu", "swiglu"] = "gelu"
     bias: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
-    moe_ffn_hidden_size: int | None = Field(default=None, ge=1)
-    num_shared_experts: int = Field(default=0, ge=0)
-    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1)
-    first_dense_layers: int = Field(default=0, ge=0)
+    moe_ffn_hidden_size: int | None = Field(default=None, ge=1, le=10_000_000)
+    num_shared_experts: int = Field(default=0, ge=0, le=100_000)
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    first_dense_layers: int = Field(default=0, ge=0, le=10_000)
     source: str = ""
 
     @model_validator(mode="after")

@@ -113,7 +113,7 @@ def test_profile_writes_a_loadable_profile(cli, tmp_path):
     assert res.exit_code == 0, res.output
     (path,) = list(tmp_path.glob("*.json"))
     doc = load_profile(path)
-    assert doc.model.startswith("OPT-350M[") and doc.gpu == "CPU" and doc.sequence_length == 16
+    assert doc.model.startswith("OPT-350M.layers-3.hidden-32") and doc.gpu == "CPU" and doc.sequence_length == 16
     assert sorted((e.tp, e.micro_batch_size) for e in doc.entries) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     for e in doc.entries:
         assert len(e.blocks.fwd_s) == 3 and all(t > 0 for t in e.blocks.fwd_s + e.blocks.bwd_s)

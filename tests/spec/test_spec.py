@@ -380,7 +380,8 @@ def test_bad_model_file_names_the_file(write_doc):
 # ---- property tests ----------------------------------------------------------------------------------
 
 GPU_REFS = sorted({k for g in gpu_catalog().gpus for k in (g.name, *g.aliases)})
-NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=8)
+NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=8).filter(
+    lambda s: not s.startswith(".") and ".." not in s)  # the safe-name rule (spec/names.py)
 
 
 def _recase(text: str, flips: list[bool]) -> str:

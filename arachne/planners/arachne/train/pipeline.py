@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from arachne.fileio import replacing, write_text_safely
 from arachne.planners.arachne.learned.policy import Policy
 from arachne.planners.arachne.train.learn import TrainConfig, train_policy
 from arachne.planners.arachne.train.problems import (
@@ -115,7 +116,7 @@ def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None =
         log(f"round {rnd}: {len(train_records)} decisions (policy-visited states relabelled by the teacher)")
         policy, curve = train_policy(train_records, val_records, cfg.train, info)
         info["rounds"].append({"round": rnd, "decisions": len(train_records), "curve": curve})
-    save_records(out_dir / "data.npz", train_records, val_records)
+    save_records(out_dir / DATA_FILE, train_records, val_records)
     info["training_problems"] = len(problems)
     info["decisions"] = len(train_records)
     info["gpu_types_seen"] = sorted({n["gpu"] for p in problems for n in p.cluster_doc["nodes"]
@@ -134,7 +135,8 @@ def save_records(path: Path, train: list[Record], val: list[Record]) -> None:
         arrays[f"{name}_x"] = np.concatenate([r.x for r in recs]) if recs else np.zeros((0, 1), np.float32)
         arrays[f"{name}_v"] = np.concatenate([r.values for r in recs]) if recs else np.zeros(0)
         arrays[f"{name}_n"] = np.array([len(r.values) for r in recs], dtype=np.int64)
-    np.savez_compressed(path, **arrays)
+    with replacing(path) as tmp:
+        np.savez_compressed(tmp, **arrays)
 
 
 def load_records(path: Path) -> tuple[list[Record], list[Record]]:
@@ -165,6 +167,7 @@ def retrain(data: Path, cfg: PipelineConfig, out_dir: Path, info_from: dict | No
 
 
 OUTPUT_FILES = ("policy.npz", "report.json", "curve.png")
+DATA_FILE = "data.npz"  # the teacher's labelled decisions, written by run_pipeline before learning
 
 
 def write_outputs(policy: Policy, info: dict, out_dir: Path,
@@ -172,9 +175,11 @@ def write_outputs(policy: Policy, info: dict, out_dir: Path,
     """Weights (+ info), report and training curve in ``out_dir`` (policy.npz, report.json, curve.png)."""
     policy.info = info
     out_dir.mkdir(parents=True, exist_ok=True)
-    policy.save(out_dir / files[0])
-    (out_dir / files[1]).write_text(json.dumps(info, indent=1))
-    plot_curve(info, out_dir / files[2])
+    with replacing(out_dir / files[0]) as tmp:
+        policy.save(tmp)
+    write_text_safely(out_dir / files[1], json.dumps(info, indent=1))
+    with replacing(out_dir / files[2]) as tmp:
+        plot_curve(info, tmp)
     return policy, info
 
 

@@ -1,0 +1,392 @@
+"""Malformed and hostile documents: every command that reads a file exits 2 with one line on stderr, no
+traceback and nothing written (issue 25, items 8 and 11, and the property test that keeps it so)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from arachne.cli.app import app
+from arachne.errors import MAX_DEPTH
+from arachne.spec.gpus import gpu_catalog
+from arachne.spec.names import name_error
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER: dict[str, Any] = {
+    "name": "lab",
+    "nodes": [{"name": "n{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 4, "inter_node_gbps": 12.5},
+              {"name": "box", "gpu": "Lab-GPU", "gpus_per_node": 2, "inter_node_gbps": 25}],
+    "gpu_types": [{"name": "Lab-GPU", "memory_gb": 24, "peak_tflops": 100, "memory_bandwidth_gbps": 900,
+                   "intra_node_gbps": 64, "inter_node_gbps": 25}],
+}
+MODEL: dict[str, Any] = {"name": "tiny", "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 128,
+                         "num_attention_heads": 4, "vocab_size": 128, "max_sequence_length": 256}
+PLAN: dict[str, Any] = {
+    "format": "arachne-plan/1", "model": MODEL, "global_batch_size": 8, "sequence_length": 128,
+    "micro_batch_size": 2, "precision": "bf16",
+    "pipelines": [{"micro_batches": 4, "stages": [{"layers": [0, 2], "devices": ["n0:0", "n0:1"], "tp": 2},
+                                                  {"layers": [2, 4], "devices": ["box:0"], "tp": 1}]}],
+}
+PROFILE: dict[str, Any] = {
+    "format": "arachne-profile/1", "model": "tiny", "gpu": "A100-40", "precision": "bf16", "sequence_length": 128,
+    "entries": [{"micro_batch_size": 1, "tp": 1, "embedding": {"fwd_s": 1e-4, "bwd_s": 1e-4},
+                 "blocks": {"fwd_s": [1e-4] * 4, "bwd_s": [2e-4] * 4}, "head": {"fwd_s": 1e-4, "bwd_s": 1e-4}}],
+}
+SAILOR: dict[str, Any] = {"data": {"OPT-350": {"A100-40": {"1": {"1": {"fwd_s": [1e-3] * 26, "bwd_s": [2e-3] * 26,
+                                                                      "update_s": 1e-3}}}}}}
+LAYER_MEMORY: dict[str, Any] = {"data": {"OPT-350": {"1": {"act_mem_bytes": [1e6] * 26}}}}
+BASE = {"cluster": CLUSTER, "model": MODEL, "plan": PLAN, "profile": PROFILE, "sailor": SAILOR,
+        "memory": LAYER_MEMORY}
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_error_line(res, code: int = 2) -> str:
+    assert res.exit_code == code, (res.exit_code, res.output, res.exception)
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def write(path: Path, doc: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(doc, bytes):
+        path.write_bytes(doc)
+    elif isinstance(doc, str):
+        path.write_text(doc)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def inputs(root: Path, **given: Any) -> dict[str, Path]:
+    """Every input file (base documents unless ``given``), and where the outputs go."""
+    names = {"cluster": "cluster.yaml", "model": "model.yaml", "plan": "plan.json", "sailor": "sailor.json",
+             "memory": "layer_memory.json"}
+    files = {k: write(root / given.get(f"{k}_name", name), given.get(k, BASE[k])) for k, name in names.items()}
+    files["profiles"] = root / "profiles"
+    write(files["profiles"] / given.get("profile_name", "tiny.json"), given.get("profile", PROFILE))
+    files["out"] = root / "out"  # every output goes in here, and it must stay empty
+    files["out"].mkdir()
+    return files
+
+
+# Each command that reads a file, with every output it can write pointed into ``out`` (which must stay empty).
+COMMANDS = {
+    "plan": lambda f: ["plan", "-c", f["cluster"], "-m", f["model"], "-b", 8, "-s", 128, "--time-budget", 2,
+                       "--profiles", f["profiles"], "-o", f["out"] / "plan.json"],
+    "replan": lambda f: ["replan", "-c", f["cluster"], "-p", f["plan"], "--time-budget", 2, "--profiles",
+                         f["profiles"], "-o", f["out"] / "new.json"],
+    "estimate": lambda f: ["estimate", "-c", f["cluster"], "-p", f["plan"], "--profiles", f["profiles"]],
+    "validate-plan": lambda f: ["validate-plan", "-c", f["cluster"], "-p", f["plan"]],
+    "compare": lambda f: ["compare", "-c", f["cluster"], "-m", f["model"], "-b", 8, "-s", 128, "--planners",
+                          "megatron", "--time-budget", 2, "--profiles", f["profiles"], "--plot", f["out"] / "c.png"],
+    "export": lambda f: ["export", "-p", f["plan"], "-c", f["cluster"], "-f", "torchrun", "-o", f["out"] / "export"],
+    "run": lambda f: ["run", "-c", f["cluster"], "-p", f["plan"], "--steps", 1, "--simulate-devices", "--measure",
+                      "--profiles", f["profiles"], "--checkpoint-dir", f["out"] / "ckpt"],
+    "profiles list": lambda f: ["profiles", "list", "--profiles", f["profiles"]],
+    "import-sailor": lambda f: ["profiles", "import-sailor", f["sailor"], "--layer-memory", f["memory"],
+                                "-o", f["out"] / "imported"],
+    "profile": lambda f: ["profile", "-m", f["model"], "-o", f["out"] / "prof", "--blocks", 1, "--repeats", 1,
+                          "--sequence-length", 8, "--micro-batch-sizes", 1],
+}
+READS = {"plan": ("cluster", "model", "profile"), "replan": ("cluster", "plan", "profile"),
+         "estimate": ("cluster", "plan", "profile"), "validate-plan": ("cluster", "plan"),
+         "compare": ("cluster", "model", "profile"), "export": ("cluster", "plan"),
+         "run": ("cluster", "plan", "profile"), "profiles list": ("profile",),
+         "import-sailor": ("sailor", "memory"), "profile": ("model",)}
+TARGETS = [(cmd, slot) for cmd, slots in READS.items() for slot in slots]
+
+
+@pytest.fixture(autouse=True)
+def never_train(monkeypatch):
+    """A valid document by mistake must fail the test, not start a training or a profile."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # without torch, run and profile stop before they start
+        return
+
+    def boom(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a hostile document reached the runtime")
+
+    monkeypatch.setattr("arachne.runtime.launch.run_plan", boom)
+    monkeypatch.setattr("arachne.runtime.profiler.profile_model", boom)
+
+
+def test_the_base_documents_are_valid(tmp_path):
+    """So that in the tests below the hostile change, and nothing else, is what gets refused."""
+    f = inputs(tmp_path)
+    for cmd in ("validate-plan", "estimate", "profiles list", "import-sailor"):
+        res = invoke(*COMMANDS[cmd](f))
+        assert res.exit_code == 0 and "error" not in res.stderr, (cmd, res.output)
+
+
+# ---- item 8: one line, exit 2, for each reader -----------------------------------------------------------------------
+DEEP_JSON = '{"nodes": ' + "[" * 100_000 + "]" * 100_000 + "}"  # beyond Python's recursion limit
+DEEP_YAML = "nodes: " + "[" * 900 + "]" * 900 + "\n"  # within libyaml's limit, beyond arachne's
+
+
+@pytest.mark.parametrize("text,suffix", [(DEEP_JSON, ".json"), (DEEP_YAML, ".yaml")], ids=["json", "yaml"])
+@pytest.mark.parametrize("cmd,slot", TARGETS, ids=[f"{c}-{s}" for c, s in TARGETS])
+def test_deep_nesting_is_one_line_in_every_reader(tmp_path, cmd, slot, text, suffix):
+    if slot in ("profile", "sailor", "memory") and suffix == ".yaml":
+        suffix = ".json"
+        text = text.replace("nodes: ", '{"nodes": ').rstrip() + "}"
+    f = inputs(tmp_path, **{slot: text, f"{slot}_name": f"hostile{suffix}"})
+    line = one_error_line(invoke(*COMMANDS[cmd](f)))
+    assert f"hostile{suffix}" in line and ("nested more than" in line or "nesting depth" in line), line
+    assert not any(f["out"].iterdir())
+
+
+def test_a_duplicate_key_in_a_cluster_is_refused_naming_it(tmp_path):
+    text = yaml.safe_dump(CLUSTER, sort_keys=False).replace("  gpus_per_node: 4\n",
+                                                            "  gpus_per_node: 4\n  gpus_per_node: 2\n")
+    f = inputs(tmp_path, cluster=text)
+    line = one_error_line(invoke(*COMMANDS["validate-plan"](f)))
+    assert line.startswith(f"error: {f['cluster']}: nodes[0].gpus_per_node: duplicate key"), line
+
+
+def test_a_duplicate_key_in_a_plan_is_refused_naming_it(tmp_path):
+    text = json.dumps(PLAN)[:-1] + ', "global_batch_size": 16}'
+    f = inputs(tmp_path, plan=text)
+    line = one_error_line(invoke(*COMMANDS["estimate"](f)))
+    assert line == f"error: {f['plan']}: global_batch_size: duplicate key", line
+
+
+@pytest.mark.parametrize("cmd", ["estimate", "validate-plan", "export"])
+@pytest.mark.parametrize("seq", [10**30, 257])
+def test_a_sequence_longer_than_the_model_allows_is_refused(tmp_path, cmd, seq):
+    f = inputs(tmp_path, plan={**PLAN, "sequence_length": seq})
+    line = one_error_line(invoke(*COMMANDS[cmd](f)))
+    assert line == (f"error: {f['plan']}: sequence_length: {seq} tokens exceed tiny's max_sequence_length 256"), line
+
+
+@pytest.mark.parametrize("cmd", ["plan", "compare"])
+def test_planning_a_sequence_longer_than_the_model_allows_is_refused(tmp_path, cmd):
+    f = inputs(tmp_path)
+    args = [str(a) for a in COMMANDS[cmd](f)]
+    args[args.index("-s") + 1] = "4096"
+    line = one_error_line(invoke(*args))
+    assert "--sequence-length: 4096 tokens exceed tiny's max_sequence_length 256" in line, line
+
+
+def test_profile_refuses_an_unknown_gpu(tmp_path):
+    line = one_error_line(invoke("profile", "-m", "opt-350m", "--gpu", "NoSuchGPU", "-o", tmp_path / "out"))
+    assert line == "error: --gpu: unknown GPU type 'NoSuchGPU' (see `arachne gpus`)"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("memory,field", [
+    (SAILOR, "data.OPT-350.A100-40: expected Sailor's layer_memory.json"),  # a profile table, not layer memory
+    ({"description": "a cluster?", "nodes": []}, "data: expected Sailor's layer_memory.json"),
+    ({"data": {"OPT-350": {"1": {"act_mem_floats": [1.0]}}}}, "data.OPT-350.1.act_mem_bytes: required field"),
+    ({"data": {"OPT-350": {"1": {"act_mem_bytes": ["x"]}}}}, "data.OPT-350.1.act_mem_bytes: expected a list"),
+    ({"data": {"LLAMA-3-8": {"1": {"act_mem_bytes": [1.0]}}}}, "data: no entry for the imported models (OPT-350)"),
+])
+def test_a_wrong_layer_memory_file_is_refused(tmp_path, memory, field):
+    f = inputs(tmp_path, memory=memory)
+    line = one_error_line(invoke(*COMMANDS["import-sailor"](f)))
+    assert line.startswith(f"error: {f['memory']}: {field}"), line
+    assert not any(f["out"].iterdir())
+
+
+# ---- item 11: profile estimates its memory before it starts ----------------------------------------------------------
+@pytest.mark.torch
+def test_profile_refuses_a_model_that_does_not_fit_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr("arachne.runtime.profiler.available_memory_bytes", lambda _cuda: 23e9)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    line = one_error_line(invoke("profile", "-m", "llama-3-70b", "--blocks", 1, "-o", tmp_path / "out"))
+    assert line.startswith("error: --model: profiling LLaMA-3-70B (1 block(s) of each kind, micro-batch 4, sequence "
+                           "2048, tp 1) needs about "), line
+    need = float(line.split("needs about ")[1].split(" GB")[0])
+    assert 47 < need < 80  # 2.96 B parameters at 16 B each, plus activations
+    assert "but only 23.0 GB is available on this machine" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.torch
+def test_profile_warns_when_the_estimate_is_close_to_the_available_memory(tmp_path, monkeypatch):
+    from arachne.runtime.profiler import ProfileSettings, profile_memory_bytes
+    from arachne.spec.model import load_model
+
+    need = profile_memory_bytes(load_model("opt-350m"), ProfileSettings(sequence_length=2048, blocks=1), False)
+    monkeypatch.setattr("arachne.runtime.profiler.available_memory_bytes", lambda _cuda: need / 0.9)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    res = invoke("profile", "-m", "opt-350m", "--blocks", 1, "-o", tmp_path / "out")
+    assert "AssertionError" in repr(res.exception)  # it went on to profile (stopped by never_train)
+    assert res.stderr.startswith("warning: profiling OPT-350M (1 block(s) of each kind"), res.stderr
+
+
+# ---- the property test -----------------------------------------------------------------------------------------------
+NASTY_NAMES = ["", ".hidden", "a..b", "../../escaped", "x/../../escaped", "a\ntouch INJECTED #", "[/]x", "[bold]x",
+               "$(reboot)", "`id`", "a b", "a;b", "\x1b[31mred", "n0:0", "é", "x" * 200, "-"]
+# Integer fields a huge value always breaks (a bound, a divisibility or the batch sum), by document.
+HUGE_FIELDS = {
+    "cluster": [("nodes", 0, "count"), ("nodes", 0, "gpus_per_node"), ("nodes", 1, "gpus_per_node")],
+    "model": [(k,) for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+                             "max_sequence_length")],
+    "plan": [("global_batch_size",), ("sequence_length",), ("micro_batch_size",), ("pipelines", 0, "micro_batches"),
+             ("pipelines", 0, "stages", 0, "tp"), ("pipelines", 0, "stages", 1, "layers", 1),
+             ("model", "num_layers"), ("model", "hidden_size")],
+}
+# Fields holding a name: "safe" must follow the name rule, "display" must be one line of text, "ref" must name
+# something that exists (a GPU type, a device, a catalog model); None in a path: rename that key instead.
+NAME_FIELDS = {
+    "cluster": [(("name",), "display"), (("nodes", 1, "name"), "safe"), (("gpu_types", 0, "name"), "safe"),
+                (("nodes", 0, "gpu"), "ref")],
+    "model": [(("name",), "safe")],
+    "plan": [(("model", "name"), "safe"), (("pipelines", 0, "stages", 1, "devices", 0), "ref"), (("model",), "ref")],
+    "sailor": [(("data", "OPT-350", None), "ref"), (("data", "OPT-350", "A100-40", None), "ref")],
+    "memory": [(("data", "OPT-350", None), "ref")],
+}
+
+
+def refused_name(name: str, rule: str) -> bool:
+    """Whether ``name`` in a field of kind ``rule`` must be refused."""
+    from arachne.spec.model import model_catalog
+
+    if rule == "display":
+        return not name or len(name) > 200 or any(not c.isprintable() and c != " " for c in name)
+    if gpu_catalog().get(name) is not None or model_catalog().get(name) is not None or name.lower() == "lab-gpu":
+        return False
+    return rule == "ref" or name_error(name) is not None
+
+
+# replan needs only the running plan's job: a plan that cannot continue is what it is for.
+REPLAN_FIELDS = {("global_batch_size",), ("sequence_length",), ("model",), ("model", "name"), ("model", "num_layers"),
+                 ("model", "hidden_size")}
+SENTINEL = "@@HOSTILE@@"
+
+
+def containers(doc: Any, path: tuple = ()) -> list[tuple]:
+    """The path of every mapping and list in ``doc``."""
+    out = [path]
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else []
+    for k, v in items:
+        if isinstance(v, (dict, list)):
+            out += containers(v, path + (k,))
+    return out
+
+
+def leaves(doc: Any, path: tuple = ()) -> list[tuple]:
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else None
+    if items is None:
+        return [path]
+    return [p for k, v in items for p in leaves(v, path + (k,))]
+
+
+def at(doc: Any, path: tuple) -> Any:
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def replaced(doc: Any, path: tuple, value: Any) -> Any:
+    """A copy of ``doc`` with the value at ``path`` replaced (a new key when the mapping lacks it)."""
+    doc = json.loads(json.dumps(doc))
+    *head, last = path
+    at(doc, tuple(head))[last] = value
+    return doc
+
+
+def dumps(doc: Any, dup: tuple | None = None) -> str:
+    """JSON text (also read as YAML), with the key ``dup[1]`` of the mapping at ``dup[0]`` given twice."""
+    def enc(obj: Any, path: tuple) -> str:
+        if isinstance(obj, dict):
+            parts = [f"{json.dumps(k)}: {enc(v, path + (k,))}" for k, v in obj.items()]
+            if dup is not None and dup[0] == path:
+                parts.append(f"{json.dumps(dup[1])}: {json.dumps(dup[2])}")
+            return "{" + ", ".join(parts) + "}"
+        if isinstance(obj, list):
+            return "[" + ", ".join(enc(v, path + (i,)) for i, v in enumerate(obj)) + "]"
+        return json.dumps(obj)
+    return enc(doc, ())
+
+
+@st.composite
+def hostile(draw, cmd: str, slot: str) -> tuple[str, str, str]:
+    """(kind, file text, file suffix) of a document for ``slot`` that ``cmd`` must refuse."""
+    base = BASE[slot]
+    keep = (lambda path: path in REPLAN_FIELDS) if (cmd, slot) == ("replan", "plan") else (lambda path: True)
+    huge_fields = [p for p in HUGE_FIELDS.get(slot, []) if keep(p)]
+    name_fields = [(p, rule) for p, rule in NAME_FIELDS.get(slot, []) if keep(p)]
+    kinds = ["garbage", "nested", "non-finite", "digits", "duplicate"]
+    kinds += ["huge"] if huge_fields else []
+    kinds += ["name"] if name_fields else []
+    kind = draw(st.sampled_from(kinds))
+    as_yaml = slot in ("cluster", "model") and draw(st.booleans())  # JSON text is YAML too
+    suffix = ".yaml" if as_yaml else ".json"
+    if kind == "garbage":
+        raw = draw(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)))
+        return kind, raw.decode("utf-8", "surrogateescape"), suffix
+    if kind == "nested":
+        depth = draw(st.integers(MAX_DEPTH + 1, 3000))
+        deep = draw(st.sampled_from(["[" * depth + "]" * depth, '{"k": ' * depth + "1" + "}" * depth]))
+        where = draw(st.sampled_from(containers(base)))
+        parent = at(base, where)
+        key = (draw(st.sampled_from([*parent, "extra"])) if isinstance(parent, dict)
+               else draw(st.integers(0, len(parent) - 1)))
+        return kind, dumps(replaced(base, where + (key,), SENTINEL)).replace(json.dumps(SENTINEL), deep), suffix
+    if kind in ("non-finite", "digits"):
+        path = draw(st.sampled_from(leaves(base)))
+        if kind == "digits":
+            value = "9" * draw(st.integers(4301, 6000))
+        elif as_yaml:
+            value = draw(st.sampled_from([".nan", ".inf", "-.inf", ".NaN", "1.0e+999"]))
+        else:
+            value = draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]))
+        return kind, dumps(replaced(base, path, SENTINEL)).replace(json.dumps(SENTINEL), value), suffix
+    if kind == "huge":
+        path = draw(st.sampled_from(huge_fields))
+        value = draw(st.one_of(st.integers(10**9, 10**40), st.integers(40, 4000).map(lambda k: 10**k)))
+        return kind, dumps(replaced(base, path, value)), suffix
+    if kind == "name":
+        path, rule = draw(st.sampled_from(name_fields))
+        odd = draw(st.one_of(st.sampled_from(NASTY_NAMES), st.text(max_size=30)))
+        if not refused_name(odd, rule):
+            odd = "a\nb" if rule == "display" else "[/]x"
+        if path[-1] is None:  # rename a key: the table names a model or GPU type nobody knows
+            parent = at(base, path[:-2])
+            renamed = {(odd if k == path[-2] else k): v for k, v in parent.items()}
+            return kind, dumps(replaced(base, path[:-2], renamed)), suffix
+        return kind, dumps(replaced(base, path, odd)), suffix
+    where = draw(st.sampled_from([p for p in containers(base) if isinstance(at(base, p), dict) and at(base, p)]))
+    key = draw(st.sampled_from(sorted(at(base, where))))
+    again = draw(st.sampled_from([at(base, where)[key], None, 0, "x"]))
+    return kind, dumps(base, (where, key, again)), suffix
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+@settings(max_examples=150, deadline=None, derandomize=False,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), target=st.sampled_from(TARGETS))
+def test_every_reader_refuses_hostile_documents_in_one_line(tmp_path_factory, data, target):
+    cmd, slot = target
+    kind, text, suffix = data.draw(hostile(cmd, slot), label="document")
+    root = tmp_path_factory.mktemp("hostile")
+    f = inputs(root, **{slot: text.encode("utf-8", "surrogateescape"), f"{slot}_name": f"hostile{suffix}"})
+    before = files_under(root)
+    t0 = time.perf_counter()
+    res = invoke(*COMMANDS[cmd](f))
+    elapsed = time.perf_counter() - t0
+    line = one_error_line(res)
+    assert files_under(root) == before, f"{cmd} wrote a file"
+    assert elapsed < 5, f"{cmd} took {elapsed:.1f} s"
+    assert "hostile" in line, line  # the line names the file
