@@ -255,8 +255,10 @@ def test_a_signal_stops_every_process_and_keeps_the_last_checkpoint(files, tmp_p
             os.killpg(run.proc.pid, sig)
         else:
             os.kill(run.proc.pid, sig)
-        rc, err = run.finish()
-        assert time.monotonic() - t0 < 5
+        rc, err = run.finish(timeout=120)
+        # seconds on an idle machine; a process inside fsync of a checkpoint cannot die before it returns,
+        # which on a loaded disk takes long, so the bound is generous
+        assert time.monotonic() - t0 < 30
         run.assert_nothing_left()
     finally:
         run.kill_all()
