@@ -1,84 +1,169 @@
-"""The one plan type (formats v1 section 4): pipelines of stages, with precise validation."""
+"""The one plan type (formats v1 section 4, v2 section 7): pipelines of stages, with precise validation.
+
+The version-2 rules (virtual stages, cp, sequence parallelism, selective recomputation, etp, ZeRO-2/3,
+fp8) live in :mod:`arachne.plan_rules`; this module holds the types, reading and writing."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_serializer
 
 from arachne.errors import InputError, from_validation_error, load_document
 from arachne.spec.cluster import Cluster
-from arachne.spec.job import MAX_GLOBAL_BATCH_SIZE, Job, Precision, sequence_error
+from arachne.spec.job import MAX_GLOBAL_BATCH_SIZE, Job, sequence_error
 from arachne.spec.model import ModelSpec, load_model
 
 PLAN_FORMAT = "arachne-plan/1"
+PLAN_FORMAT_V2 = "arachne-plan/2"
+PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_V2)
+PlanPrecision = Literal["bf16", "fp16", "fp32", "fp8"]
+_RANGE = TypeAdapter(tuple[int, int])
+_RANGES = TypeAdapter(tuple[tuple[int, int], ...])
 
 
-class Stage(BaseModel):
-    """Blocks ``[start, end)`` on ``dp`` groups of ``tp`` devices."""
+class _V1Dump(BaseModel):
+    """Drops version-2 fields at their defaults from ``model_dump``: a version-1 plan dumps (and hashes)
+    exactly as before version 2 existed."""
+
+    V2_DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for key, default in self.V2_DEFAULTS.items():
+            if key in out and out[key] == default and type(out[key]) is type(default):
+                del out[key]
+        return out
+
+
+class Stage(_V1Dump):
+    """Blocks ``[start, end)`` (or, interleaved, ``virtual_stages`` ranges) on ``dp`` groups of ``cp * tp``
+    devices."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
-    layers: tuple[int, int]
+    layers: Any
+    """``[start, end)``; with ``virtual_stages > 1`` a list of such ranges, one per chunk, in model order."""
     devices: tuple[str, ...] = Field(min_length=1)
+    """``dp`` groups of ``cp * tp`` devices, tp fastest, then cp."""
     tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree."""
     dp: int | None = Field(default=None, ge=1)
+    """Stage data parallelism (default ``len(devices) / (cp * tp)``): each micro-batch is split dp ways."""
     ep: int = Field(default=1, ge=1)
-    recompute: bool = False
+    """Expert-parallel degree of the stage's MoE blocks."""
+    recompute: bool | Literal["selective"] = False
+    """``False`` (``"none"``), ``True`` (``"full"``: every block, or the first ``recompute_layers``) or
+    ``"selective"`` (the attention core only)."""
     allow_cross_node_tp: bool = False
+    """Allow a tensor-parallel group to span nodes."""
+    cp: int = Field(default=1, ge=1)
+    """v2: context-parallel degree (each sequence split over cp ranks in load-balanced halves)."""
+    sequence_parallel: bool = False
+    """v2: Megatron sequence parallelism inside the tp group (needs ``tp > 1``)."""
+    recompute_layers: int | None = Field(default=None, ge=1)
+    """v2, with ``recompute: "full"``: only the stage's first k blocks are recomputed."""
+    etp: int | None = Field(default=None, ge=1)
+    """v2: tensor-parallel degree of the routed experts (default ``tp``)."""
+    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"cp": 1, "sequence_parallel": False, "recompute_layers": None, "etp": None}
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, v: Any) -> Any:
+        nested = isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, (list, tuple)) for x in v)
+        try:
+            return _RANGES.validate_python(v) if nested else _RANGE.validate_python(v)
+        except ValidationError as err:
+            what = "a list of [start, end] ranges" if nested else "[start, end], two integers"
+            raise ValueError(f"expected {what} ({err.errors()[0]['msg']})") from None
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute(cls, v: Any) -> Any:
+        return {"none": False, "full": True}.get(v, v) if isinstance(v, str) else v
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """The stage's block ranges: one, or one per virtual stage (chunk)."""
+        return self.layers if isinstance(self.layers[0], tuple) else (self.layers,)
 
     @property
     def start(self) -> int:
-        return self.layers[0]
+        return self.ranges[0][0]
 
     @property
     def end(self) -> int:
-        return self.layers[1]
+        return self.ranges[-1][1]
 
     @property
     def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
+        return sum(b - a for a, b in self.ranges)
 
     @property
     def dp_size(self) -> int:
-        return self.dp if self.dp is not None else max(1, len(self.devices) // self.tp)
+        return self.dp if self.dp is not None else max(1, len(self.devices) // (self.tp * self.cp))
+
+    @property
+    def etp_size(self) -> int:
+        """The routed experts' tensor-parallel degree (``etp``, else ``tp``)."""
+        return self.etp if self.etp is not None else self.tp
 
     def groups(self) -> list[tuple[str, ...]]:
-        """The ``dp`` tensor-parallel groups of this stage."""
-        return [self.devices[i * self.tp:(i + 1) * self.tp] for i in range(self.dp_size)]
+        """The tensor-parallel groups of this stage (``dp * cp`` of them)."""
+        return [self.devices[i * self.tp:(i + 1) * self.tp] for i in range(self.dp_size * self.cp)]
 
     def to_doc(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"layers": list(self.layers), "devices": list(self.devices), "tp": self.tp}
+        layers = [list(r) for r in self.layers] if isinstance(self.layers[0], tuple) else list(self.layers)
+        doc: dict[str, Any] = {"layers": layers, "devices": list(self.devices), "tp": self.tp}
         if self.dp is not None:
             doc["dp"] = self.dp
+        if self.cp != 1:
+            doc["cp"] = self.cp
         if self.ep != 1:
             doc["ep"] = self.ep
-        if self.recompute:
-            doc["recompute"] = True
+        if self.etp is not None:
+            doc["etp"] = self.etp
+        if self.sequence_parallel:
+            doc["sequence_parallel"] = True
+        if self.recompute == "selective":
+            doc["recompute"] = "selective"
+        elif self.recompute:
+            doc["recompute"] = True if self.recompute_layers is None else "full"
+        if self.recompute_layers is not None:
+            doc["recompute_layers"] = self.recompute_layers
         if self.allow_cross_node_tp:
             doc["allow_cross_node_tp"] = True
         return doc
 
 
-class Pipeline(BaseModel):
+class Pipeline(_V1Dump):
     """One data-parallel replica: a chain of stages and its share of the global batch."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
     micro_batches: int = Field(ge=1, strict=True)
+    """Micro-batches this replica runs per iteration."""
     stages: tuple[Stage, ...] = Field(min_length=1)
+    """Stages in pipeline order."""
     micro_batch_size: int | None = Field(default=None, ge=1)
+    """This replica's micro-batch size (default: the plan's)."""
+    virtual_stages: int = Field(default=1, ge=1, le=10_000)
+    """v2: interleaved 1F1B chunks per stage (chunk j of stage s is range ``j * S + s``)."""
+    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"virtual_stages": 1}
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"micro_batches": self.micro_batches, "stages": [s.to_doc() for s in self.stages]}
         if self.micro_batch_size is not None:
             doc["micro_batch_size"] = self.micro_batch_size
+        if self.virtual_stages != 1:
+            doc["virtual_stages"] = self.virtual_stages
         return doc
 
 
-class Plan(BaseModel):
+class Plan(_V1Dump):
     """A complete parallelism plan. Every planner returns this; the cost model prices it."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
@@ -88,20 +173,27 @@ class Plan(BaseModel):
     global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SIZE, strict=True)
     sequence_length: int = Field(ge=1, strict=True)
     micro_batch_size: int = Field(ge=1, strict=True)
-    precision: Precision = "bf16"
-    zero_stage: Literal[0, 1] = 0
+    precision: PlanPrecision = "bf16"
+    """Training precision; ``fp8`` (v2) only on GPUs whose catalog entry has an FP8 rate."""
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """ZeRO: 1 shards optimizer state, 2 (v2) also gradients, 3 (v2) also parameters."""
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     pipelines: tuple[Pipeline, ...] = Field(min_length=1)
     optimizer: Literal["adam", "sgd"] = "adam"
     planner: str | None = None
     planning_time_s: float | None = None
     estimate: dict[str, Any] | None = None
+    overlap_grad_reduce: bool = False
+    """v2: gradient reduction runs bucket by bucket during the backward pass."""
+    overlap_param_gather: bool = False
+    """v2, with ``zero_stage >= 1``: the next iteration's parameter all-gather overlaps the forward pass."""
+    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False}
 
     @field_validator("format")
     @classmethod
     def _format(cls, v: str) -> str:
-        if v != PLAN_FORMAT:
-            raise ValueError(f"unsupported format {v!r}, expected {PLAN_FORMAT!r}")
+        if v not in PLAN_FORMATS:
+            raise ValueError(f"unsupported format {v!r}, expected {PLAN_FORMAT!r} or {PLAN_FORMAT_V2!r}")
         return v
 
     def __hash__(self) -> int:  # dict fields (inline model, estimate) are not hashable
@@ -126,14 +218,24 @@ class Plan(BaseModel):
     def resolve_model(self, source: str = "") -> ModelSpec:
         return load_model(self.model, source, "model", allow_files=False)
 
+    @property
+    def written_format(self) -> str:
+        """``arachne-plan/2`` when the plan uses a version-2 field, else ``arachne-plan/1``."""
+        from arachne.plan_rules import uses_v2
+
+        return PLAN_FORMAT_V2 if uses_v2(self) else PLAN_FORMAT
+
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "format": self.format, "model": self.model,
+            "format": self.written_format, "model": self.model,
             "global_batch_size": self.global_batch_size, "sequence_length": self.sequence_length,
             "micro_batch_size": self.micro_batch_size, "precision": self.precision,
             "zero_stage": self.zero_stage, "schedule": self.schedule,
             "pipelines": [p.to_doc() for p in self.pipelines],
         }
+        for key in ("overlap_grad_reduce", "overlap_param_gather"):
+            if getattr(self, key):
+                doc[key] = True
         if self.optimizer != "adam":
             doc["optimizer"] = self.optimizer
         for key in ("planner", "planning_time_s", "estimate"):
@@ -153,6 +255,12 @@ class Plan(BaseModel):
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "") -> Plan:
+    """A plan document (``arachne-plan/1`` or ``/2``); a version-1 document that uses a version-2 key or
+    value is refused, naming it."""
+    from arachne.plan_rules import v1_document_error
+
+    if isinstance(data, dict) and (found := v1_document_error(data)) is not None:
+        raise InputError(source, *found)
     try:
         return Plan(**data)
     except ValidationError as err:
@@ -167,10 +275,13 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[str, str]]:
-    """Every rule of formats v1 the plan breaks, as ``(field, reason)`` pairs."""
+    """Every rule of formats v1 (and v2) the plan breaks, as ``(field, reason)`` pairs."""
+    from arachne.plan_rules import plan_v2_errors, stage_v2_errors
+
     errs: list[tuple[str, str]] = []
     if (why := sequence_error(plan.sequence_length, model)) is not None:
         errs.append(("sequence_length", why))
+    errs += plan_v2_errors(plan)
     seen: dict[str, str] = {}
     L = model.num_layers
     total = 0
@@ -181,12 +292,13 @@ def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[st
         expect = 0
         for si, st in enumerate(pipe.stages):
             sfx = f"{pfx}.stages[{si}]"
-            a, b = st.layers
-            if a != expect:
-                errs.append((f"{sfx}.layers", f"starts at {a}, expected {expect} (ranges must be contiguous, in order)"))
-            if b <= a:
-                errs.append((f"{sfx}.layers", f"empty or reversed range [{a}, {b})"))
-            expect = max(b, expect)
+            if pipe.virtual_stages == 1 and len(st.ranges) == 1:
+                a, b = st.ranges[0]
+                if a != expect:
+                    errs.append((f"{sfx}.layers", f"starts at {a}, expected {expect} (ranges must be contiguous, in order)"))
+                if b <= a:
+                    errs.append((f"{sfx}.layers", f"empty or reversed range [{a}, {b})"))
+                expect = max(b, expect)
             for d in st.devices:
                 if d not in cluster.devices:
                     errs.append((f"{sfx}.devices", f"unknown device {d!r} (not in the cluster)"))
@@ -197,18 +309,28 @@ def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[st
             n = len(st.devices)
             if n % st.tp:
                 errs.append((f"{sfx}.tp", f"{st.tp} does not divide the stage's {n} devices"))
-            if st.dp is not None and st.dp * st.tp != n:
-                errs.append((f"{sfx}.dp", f"dp*tp = {st.dp}*{st.tp} != {n} devices"))
-            if (why := model.tp_error(st.tp)) is not None:
-                errs.append((f"{sfx}.tp", why))
+            elif n % (st.cp * st.tp):
+                errs.append((f"{sfx}.cp", f"cp*tp = {st.cp}*{st.tp} does not divide the stage's {n} devices"))
+            if st.dp is not None and st.dp * st.cp * st.tp != n:
+                if st.cp == 1:
+                    errs.append((f"{sfx}.dp", f"dp*tp = {st.dp}*{st.tp} != {n} devices"))
+                else:
+                    errs.append((f"{sfx}.dp", f"dp*cp*tp = {st.dp}*{st.cp}*{st.tp} != {n} devices"))
+            if (why := model.tp_error(st.tp, etp=st.etp)) is not None:
+                errs.append((f"{sfx}.etp" if why.startswith("etp") else f"{sfx}.tp", why))
             dp = st.dp_size
             if dp > 1 and mbs % dp:
                 errs.append((f"{sfx}.dp", f"stage dp {dp} does not divide the micro-batch size {mbs}"))
             if st.ep > 1:
                 if (why := model.ep_error(st.ep)) is not None:
                     errs.append((f"{sfx}.ep", why))
-                if dp % st.ep:
-                    errs.append((f"{sfx}.ep", f"ep {st.ep} does not divide the stage's dp {dp}"))
+                if st.etp is None and st.cp == 1:
+                    if dp % st.ep:
+                        errs.append((f"{sfx}.ep", f"ep {st.ep} does not divide the stage's dp {dp}"))
+                elif (dp * st.cp * st.tp) % (st.ep * st.etp_size):
+                    errs.append((f"{sfx}.ep", f"ep*etp = {st.ep}*{st.etp_size} does not divide the stage's "
+                                              f"dp*cp*tp = {dp}*{st.cp}*{st.tp} devices"))
+            errs += stage_v2_errors(plan, pipe, st, sfx, cluster, model)
             if not st.allow_cross_node_tp and n % st.tp == 0:
                 for g, group in enumerate(st.groups()):
                     nodes = {d.split(":")[0] for d in group if d in cluster.devices}
@@ -216,8 +338,13 @@ def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[st
                         errs.append((f"{sfx}.devices",
                                      f"TP group {g} spans nodes {sorted(nodes)}; set allow_cross_node_tp to allow it"))
                         break
-        if expect != L:
-            errs.append((f"{pfx}.stages", f"layers end at {expect}, the model has {L} blocks"))
+        if pipe.virtual_stages == 1:
+            if expect != L:
+                errs.append((f"{pfx}.stages", f"layers end at {expect}, the model has {L} blocks"))
+        else:
+            from arachne.plan_rules import interleaved_errors
+
+            errs += interleaved_errors(plan, pipe, pfx, L)
     if total != plan.global_batch_size:
         errs.append(("pipelines", f"sum of micro_batches * micro_batch_size = {total} != global_batch_size "
                                   f"{plan.global_batch_size}"))

@@ -138,8 +138,16 @@ def build() -> argparse.ArgumentParser:
     _out(p, R / "cost_model")
     p = _add(g, "calibrate", "benchmarks.cost_model:calibrate", "fit the analytic compute model to measured blocks")
     _out(p, R / "cost_model")
+    p = _add(g, "collectives", "benchmarks.collectives:run", "network model vs published NCCL busbw (data/nccl)")
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "nccl" /
+                   "measurements.json")
+    p.add_argument("--min-bytes", type=float, default=1e6, help="only sizes at or above this (default 1 MB)")
+    _out(p, R / "cost_model")
     p = _add(g, "speed", "benchmarks.cost_model:speed", "how fast CostModel.estimate prices a plan")
     p.add_argument("--repeats", type=int, default=200)
+    _out(p, R / "cost_model")
+    p = _add(g, "published", "benchmarks.published:run", "vs published end-to-end runs (data/published_runs)")
+    p.add_argument("--data", type=Path, default=None, help="runs file (default data/published_runs/runs.yaml)")
     _out(p, R / "cost_model")
 
     g = _group(sub, "work-clock", "fit the work clock's rates; check it keeps to wall time and to the same plans")

@@ -14,6 +14,7 @@ from typing import Any
 
 from arachne.cost.calibration import DEFAULT_CALIBRATION
 from arachne.cost.memory import state_bytes_per_param
+from arachne.planners.arachne.train.problems import TRAINING_MODELS
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.gpus import gpu_catalog
 from arachne.spec.job import Job
@@ -175,6 +176,10 @@ def random_custom_type(rng: random.Random, k: int, node_sizes: tuple[int, ...] =
         t["nics_per_node"] = rng.choice([1, 2, 4])
     t["name"] = f"{t['name']}-c{k}"   # unique per cluster, never a catalog name
     return t
+
+
+SWEEP_MODELS = TRAINING_MODELS
+"""Catalog models the random sweeps draw from (those of the stored sweeps, so a seed draws the same cases)."""
 
 
 def model_state_bytes(model: ModelSpec, num_gpus: int, precision: str = "bf16") -> float:

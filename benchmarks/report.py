@@ -26,6 +26,13 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "cost-model-calibrate": ("Analytic compute vs measured blocks",
                              "the roofline compute model's fit to Sailor's per-block times (tp=1 fitted, tp>1 a check)",
                              "python -m benchmarks cost-model calibrate"),
+    "cost-model-collectives": ("Collectives vs NCCL measurements",
+                               "bus bandwidth of the network model and of a flat ring vs nccl-tests outputs, sizes >= 1 MB",
+                               "python -m benchmarks cost-model collectives"),
+    "cost-model-published": ("Published end-to-end runs",
+                             "iteration time vs published runs; runs needing formats-v2 features priced as their "
+                             "nearest v1 plan and reported apart",
+                             "python -m benchmarks cost-model published"),
     "cost-model-speed": ("Pricing speed", "CostModel.estimate, warm, one core (median ms per plan)",
                          "python -m benchmarks cost-model speed"),
     "replay-grid": ("The planners grid, arachne re-planned on the current code",
@@ -155,13 +162,17 @@ def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> li
 
 def md_summary(summary: Any) -> list[str]:
     """A result's summary: a dict of numbers (one table), a list of rows, or a dict of those."""
+    def scalars(v: Any) -> bool:
+        return isinstance(v, list) and not any(isinstance(x, (list, dict)) for x in v)
+
     if isinstance(summary, list):
-        return md_table(summary)
+        return [", ".join(map(str, summary)), ""] if scalars(summary) else md_table(summary)
     if isinstance(summary, dict) and summary:
-        flat = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
+        flat = {k: (", ".join(map(str, v)) if scalars(v) else v) for k, v in summary.items()
+                if not isinstance(v, (list, dict)) or scalars(v)}
         out = md_table([{"measure": k, "value": v} for k, v in flat.items()]) if flat else []
         for k, v in summary.items():
-            if isinstance(v, (list, dict)) and v:
+            if isinstance(v, (list, dict)) and v and not scalars(v):
                 out += [f"*{k}*", ""] + md_summary(v)
         return out
     return ["(no summary)", ""]

@@ -39,9 +39,10 @@ def problems(sweeps: list[str]) -> list[tuple]:
 
 
 def digest(plan) -> str:
-    """The plan without who planned it, how long it took and its price: what a refactor must not change."""
-    return hashlib.sha256(plan.model_dump_json(exclude={"planner", "planning_time_s", "estimate"}).encode()
-                          ).hexdigest()[:16]
+    """The plan as written (its document, so optional fields added later with their defaults do not count)
+    without who planned it, how long it took and its price: what a refactor must not change."""
+    doc = {k: v for k, v in plan.to_doc().items() if k not in ("planner", "planning_time_s", "estimate")}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run(a) -> None:

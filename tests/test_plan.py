@@ -256,7 +256,7 @@ def test_micro_batches_must_add_up_to_the_global_batch():
     rejected(two, "pipelines", "= 40 != global_batch_size 56")
 
 
-@pytest.mark.parametrize("fmt", ["arachne-plan/2", "arachne-plan/1.0", "", "ARACHNE-PLAN/1", None, 1])
+@pytest.mark.parametrize("fmt", ["arachne-plan/3", "arachne-plan/1.0", "", "ARACHNE-PLAN/1", None, 1])
 def test_bad_format_string(fmt):
     doc = plan_doc(format=fmt)
     with pytest.raises(InputError) as info:
@@ -272,7 +272,7 @@ def test_format_defaults_to_v1_when_absent():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("precision", "int8"), ("zero_stage", 3), ("schedule", "zero-bubble"), ("global_batch_size", 0),
+    ("precision", "int8"), ("zero_stage", 4), ("schedule", "zero-bubble"), ("global_batch_size", 0),
     ("micro_batch_size", -1), ("sequence_length", "long"), ("pipelines", []),
 ])
 def test_bad_top_level_values_name_the_field(field, value):

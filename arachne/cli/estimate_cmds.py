@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         model = validate_plan(pl, cl, source=str(plan))
         cm = _cost_model(cl, profiles)
         est = cm.estimate(pl.model_copy(update={"model": model.name}) if isinstance(pl.model, str) else pl,
-                          validate=False)
+                          validate=False, source=str(plan))
         print_assumptions(cl, cluster)
         if as_json:
             print(json.dumps(est.to_doc(), indent=2))

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a plan for real: one process per plan device, synthetic data, PyTorch distributed."""
         from arachne.plan import load_plan, validate_plan
+        from arachne.plan_rules import refuse_v2
         from arachne.runtime.flags import check_lr, check_timeout
         from arachne.spec.cluster import load_cluster
 
@@ -102,6 +103,7 @@ def register(app: typer.Typer) -> None:
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
+        refuse_v2(pl, model, str(plan), "arachne run")  # formats v2 features the runtime does not run yet
         db = _profile_db(profiles) if measure else None
         _need_torch("run")
 
@@ -239,6 +241,7 @@ def register(app: typer.Typer) -> None:
         """Write torchrun launch commands and a rank map, or Megatron-LM arguments, for a plan."""
         from arachne.fileio import write_text_safely
         from arachne.plan import load_plan, validate_plan
+        from arachne.plan_rules import refuse_v2
         from arachne.runtime.export import launch_script, launch_script_name, megatron_export, output_path
         from arachne.runtime.export import torchrun_export
         from arachne.spec.cluster import load_cluster
@@ -252,6 +255,7 @@ def register(app: typer.Typer) -> None:
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
+        refuse_v2(pl, model, str(plan), "export")  # formats v2 features the exports do not write yet
         if fmt == "megatron":
             mx = megatron_export(pl, model)
             if not mx.ok:

@@ -69,13 +69,19 @@ class ComputeModel:
         """Forward and backward seconds of one block (TP communication excluded)."""
         c = self.cal
         peak = gpu.peak_flops(precision)
-        h, kvd, a = model.hidden_size, model.kv_heads * model.head_dim, model.num_attention_heads
+        h, a = model.hidden_size, model.num_attention_heads
         tokens = b * seq
         ab = act_bytes(precision)
-        mats = 3 if model.mlp == "swiglu" else 2
-        gemm = self._gemm(2 * tokens * h * (h + 2 * kvd) / tp, peak) + self._gemm(2 * tokens * h * h / tp, peak)
-        # scores: two batched GEMMs of (a/tp) heads, each s x s x head_dim
-        gemm += 2 * self._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
+        mats = model.mlp_matrices
+        gemm = 0.0
+        for i, o, split in model.attention_gemms:  # projections; MLA's down projections are not split by tp
+            gemm += self._gemm(2 * tokens * i * o / (tp if split else 1), peak)
+        # scores: two batched GEMMs of (a/tp) heads, s x s x head_dim (q.k) and s x s x v_dim (scores.v)
+        if model.v_dim == model.head_dim:
+            gemm += 2 * self._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
+        else:
+            gemm += self._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
+            gemm += self._gemm(2 * b * a / tp * seq * seq * model.v_dim, peak)
         elem = c.elementwise_passes * tokens * h * ab * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
         if moe:
             k, E = model.experts_top_k, model.num_experts

@@ -30,8 +30,8 @@ def stage_params(model: ModelSpec, a: int, b: int, first: bool, last: bool, num_
     """Parameters held by one device of a stage (TP-sharded; routed experts also EP-sharded)."""
     p = 0.0
     for i in range(a, b):
-        expert = model.block_expert_params(i)
-        p += (model.block_params(i) - expert) / tp + expert / (tp * ep)
+        expert, rep = model.block_expert_params(i), model.attention_replicated_params
+        p += (model.block_params(i) - expert - rep) / tp + rep + expert / (tp * ep)
     if first:
         p += model.embedding_params(tp) / tp
     if last:
@@ -49,8 +49,8 @@ def stage_expert_params(model: ModelSpec, a: int, b: int, tp: int, ep: int) -> f
 def block_activation_bytes(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str,
                            cal: MemoryCalibration) -> float:
     """Activations one block keeps for backward, for ``b`` sequences, without recomputation."""
-    h, kvd = model.hidden_size, model.kv_heads * model.head_dim
-    mats = 3 if model.mlp == "swiglu" else 2
+    h = model.hidden_size
+    mats = model.mlp_matrices
     if model.moe_layers[index]:
         k = model.experts_top_k
         ffn = k * model.expert_ffn * (mats - 1) + 2 * k * h
@@ -58,8 +58,9 @@ def block_activation_bytes(model: ModelSpec, index: int, seq: int, b: float, tp:
             ffn += (model.shared_expert_ffn_hidden_size or model.expert_ffn * model.num_shared_experts) * (mats - 1)
     else:
         ffn = model.ffn_hidden_size * (mats - 1)
-    parallel = (h + 2 * kvd) + h + ffn
-    elems = seq * b * (cal.act_replicated_sh * h + parallel / tp)
+    attn, attn_replicated = model.attention_activation_widths  # q, k, v, output (+ MLA latents, whole)
+    parallel = attn + ffn
+    elems = seq * b * (cal.act_replicated_sh * h + attn_replicated + parallel / tp)
     total = elems * act_bytes(precision)
     if not uses_flash_attention(precision):
         total += model.num_attention_heads / tp * seq * seq * b * 4
@@ -71,7 +72,7 @@ def block_transient_bytes(model: ModelSpec, seq: int, b: float, tp: int, precisi
     """Extra workspace while one block runs backward (score gradients without flash attention)."""
     if not uses_flash_attention(precision):
         return cal.score_transient_copies * model.num_attention_heads / tp * seq * seq * b * 4
-    mats = 3 if model.mlp == "swiglu" else 2
+    mats = model.mlp_matrices
     return 2 * seq * b * max(model.ffn_hidden_size, model.expert_ffn * model.experts_top_k) * mats / tp * act_bytes(precision)
 
 

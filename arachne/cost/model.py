@@ -27,13 +27,16 @@ from arachne.cost.memory import (
 )
 from arachne.cost.network import Network
 from arachne.cost.schedule import in_flight, pipeline_time
+from arachne.errors import InputError
 from arachne.plan import Plan, Stage, validate_plan
+from arachne.plan_rules import FEATURES, unpriced_features, uses_v2
 from arachne.profiles.format import ProfileDB, default_profile_db
 from arachne.spec.cluster import Cluster
 from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
 
 BREAKDOWN_KEYS = ("compute_s", "pipeline_bubble_s", "p2p_s", "tp_comm_s", "dp_sync_s", "ep_comm_s", "optimizer_s")
+PRICED_V2_FEATURES: frozenset[str] = frozenset()  # plan_rules.v2_fields_used features this cost model prices
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Estimate:
     parts: list[tuple] = field(default_factory=list, repr=False, compare=False)
     model_flops_per_s: float = field(default=0.0, repr=False, compare=False)  # MFU's numerator
     device_flops: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  # peak FLOP/s by device
+    device_prices: dict[str, float | None] = field(default_factory=dict, repr=False, compare=False)  # USD/GPU-hour
     _built: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _build(self) -> tuple:
@@ -118,6 +122,12 @@ class Estimate:
         return self.model_flops_per_s / sum(self.device_flops[d] for d in self.peak_memory_bytes)
 
     @property
+    def cost_per_hour(self) -> float | None:
+        """USD per hour of the devices the plan uses, when every one of them has a price (formats v2 9)."""
+        prices = [self.device_prices.get(d) for d in self.peak_memory_bytes]
+        return None if not prices or None in prices else float(sum(prices))  # type: ignore[arg-type]
+
+    @property
     def worst_memory_ratio(self) -> float:
         """Largest used/capacity over stages (> 1 means it does not fit)."""
         return max((s.memory_bytes / s.capacity_bytes for s in self.stages), default=0.0)
@@ -133,6 +143,9 @@ class Estimate:
             "fits": self.fits,
             "breakdown": dict(self.breakdown),
         }
+        if (cost := self.cost_per_hour) is not None:
+            doc["cost_per_hour"] = cost
+            doc["cost_per_million_tokens"] = cost / 3600 / self.tokens_per_s * 1e6
         if details:
             doc["stages"] = [s.to_doc() for s in self.stages]
         return doc
@@ -173,6 +186,7 @@ class CostModel:
         self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw)
                             for n in cluster.nodes}
         self._dev_node = {d: dev.node.name for d, dev in cluster.devices.items()}
+        self._prices = {d: dev.node.price_per_gpu_hour for d, dev in cluster.devices.items()}
 
     # ---- helpers --------------------------------------------------------------------------------
     def resolve_model(self, plan: Plan) -> ModelSpec:
@@ -442,12 +456,15 @@ class CostModel:
         return tuple(parts), tuple(self._node_class[n] for n in local)
 
     # ---- the estimate ---------------------------------------------------------------------------
-    def estimate(self, plan: Plan, validate: bool = True) -> Estimate:
-        """Price ``plan``. With ``validate`` (default) an invalid plan raises ``InputError``."""
+    def estimate(self, plan: Plan, validate: bool = True, source: str = "") -> Estimate:
+        """Price ``plan``. With ``validate`` (default) an invalid plan raises ``InputError`` (naming ``source``),
+        as does, always, a version-2 feature this cost model does not price yet."""
         self.estimates += 1
         model = self.resolve_model(plan)
         if validate:
-            validate_plan(plan, self.cluster, model)
+            validate_plan(plan, self.cluster, model, source)
+        if uses_v2(plan) and (bad := unpriced_features(plan, PRICED_V2_FEATURES)):
+            raise InputError(source, bad[0][0], f"not priced yet by this version's cost model ({FEATURES[bad[0][1]]})")
         devs = self.cluster.devices
         prec = plan.precision
         t_sync, replicas = self._sync(model, plan)
@@ -505,7 +522,7 @@ class CostModel:
             iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration,
             max_memory_bytes=max_mem, fits=fits, breakdown=breakdown, parts=parts,
             model_flops_per_s=model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration,
-            device_flops=flops,
+            device_flops=flops, device_prices=self._prices,
         )
 
     def _price_pipeline(self, model: ModelSpec, plan: Plan, p, mbs: int, reps: tuple[int, ...]) -> tuple:

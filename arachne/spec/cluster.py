@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arachne.errors import InputError, from_validation_error, load_document
-from arachne.spec.gpus import GB, CustomGPUType, GPUCatalog, GPUType, gpu_catalog
+from arachne.spec.gpus import GB, CustomGPUType, GPUCatalog, GPUType, gpu_catalog, normalize_name
 from arachne.spec.names import DisplayName, check_name
 
 
@@ -23,20 +23,32 @@ class NodeGroupSpec(BaseModel):
     name: str = Field(min_length=1)
     count: int = Field(default=1, ge=1, le=100_000, strict=True)
     gpu: str = Field(min_length=1)
-    gpus_per_node: int | None = Field(default=None, ge=1, le=64, strict=True)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=128, strict=True)  # one NVLink domain (GB200 NVL72: 72)
     inter_node_gbps: float | None = Field(default=None, gt=0)
     intra_node_gbps: float | None = Field(default=None, gt=0)
     zone: str | None = None
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    """Formats v2: USD per GPU-hour of these nodes (overrides the GPU type's price)."""
+
+
+class ClusterGPUType(CustomGPUType):
+    """An entry of ``gpu_types``: a custom GPU type, plus (formats v2) its price."""
+
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    """USD per GPU-hour of nodes of this type that set no price of their own."""
+
+    def to_gpu_type(self) -> GPUType:
+        return GPUType(**self.model_dump(exclude={"price_per_gpu_hour"}), source="cluster gpu_types")
 
 
 class ClusterSpec(BaseModel):
-    """A cluster document (formats v1 section 1)."""
+    """A cluster document (formats v1 section 1, v2 section 8)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: DisplayName = "cluster"
     nodes: list[NodeGroupSpec] = Field(min_length=1)
-    gpu_types: list[CustomGPUType] = Field(default_factory=list)
+    gpu_types: list[ClusterGPUType] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,8 @@ class Node:
     nics: int
     zone: str | None = None
     intra_node_gbps: float | None = None  # the document's override, kept for round trips
+    price_per_gpu_hour: float | None = None
+    """USD per GPU-hour: the node's, else its ``gpu_types`` entry's, else the catalog's (if any)."""
 
     @property
     def per_flow_bw(self) -> float:
@@ -117,7 +131,7 @@ class Cluster:
         """The cluster restricted to some nodes (re-indexed)."""
         keep = [n for n in self.nodes if n.name in node_names]
         nodes = tuple(Node(n.name, i, n.gpu, n.num_gpus, n.inter_node_bw, n.intra_node_bw, n.nics, n.zone,
-                           n.intra_node_gbps) for i, n in enumerate(keep))
+                           n.intra_node_gbps, n.price_per_gpu_hour) for i, n in enumerate(keep))
         return Cluster(name or self.name, nodes, self.catalog)
 
     def to_spec(self) -> dict[str, Any]:
@@ -130,6 +144,8 @@ class Cluster:
                 entry["zone"] = n.zone
             if n.intra_node_gbps is not None:
                 entry["intra_node_gbps"] = n.intra_node_gbps
+            if n.price_per_gpu_hour is not None:
+                entry["price_per_gpu_hour"] = n.price_per_gpu_hour
             nodes.append(entry)
         custom = [g for g in self.gpu_types.values() if gpu_catalog().get(g.name) != g]
         doc: dict[str, Any] = {"name": self.name, "nodes": nodes}
@@ -149,6 +165,7 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
     nodes: list[Node] = []
     seen: set[str] = set()
     assumed: list[str] = []
+    type_price = {normalize_name(g.name): g.price_per_gpu_hour for g in spec.gpu_types}
     for gi, group in enumerate(spec.nodes):
         gpu = catalog.get(group.gpu)
         if gpu is None:
@@ -166,6 +183,11 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
         inter = (group.inter_node_gbps or gpu.inter_node_gbps) * GB
         intra = group.intra_node_gbps * GB / 2 * 0.8 if group.intra_node_gbps else gpu.collective_bandwidth
         nics = min(gpu.nics_per_node, per_node)
+        price = group.price_per_gpu_hour
+        if price is None:
+            price = type_price.get(normalize_name(gpu.name))
+        if price is None:
+            price = getattr(gpu, "price_per_gpu_hour", None)  # a catalog default, where the catalog has one
         for i in range(group.count):
             name = group.name.replace("{i}", str(i))
             if ":" in name:
@@ -174,7 +196,8 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
             if name in seen:
                 raise InputError(source, f"nodes[{gi}].name", f"duplicate node name {name!r}")
             seen.add(name)
-            nodes.append(Node(name, len(nodes), gpu, per_node, inter, intra, nics, group.zone, group.intra_node_gbps))
+            nodes.append(Node(name, len(nodes), gpu, per_node, inter, intra, nics, group.zone, group.intra_node_gbps,
+                              price))
     return Cluster(spec.name, tuple(nodes), catalog, tuple(assumed))
 
 

@@ -35,6 +35,9 @@ class GPUType(BaseModel):
     bf16: bool = True
     fp32_tflops: float | None = Field(default=None, gt=0)
     tf32_tflops: float | None = Field(default=None, gt=0)
+    # Dense FP8 tensor throughput (E4M3/E5M2 inputs, no sparsity), TFLOPS; None where the GPU has no FP8
+    # tensor cores (Ampere and older, CDNA2). Plans with precision fp8 are only valid where this is set.
+    fp8_tflops: float | None = Field(default=None, gt=0, description="dense FP8 tensor throughput; None: no FP8")
     memory_bandwidth_gbps: float = Field(gt=0)
     intra_node_gbps: float = Field(gt=0, description="per-GPU bandwidth to node peers, bidirectional")
     intra_node_link: Literal["nvlink", "pcie", "xgmi", "other"] = "other"
@@ -50,7 +53,12 @@ class GPUType(BaseModel):
         return self.memory_gb * GB
 
     def peak_flops(self, precision: str) -> float:
-        """Dense matmul FLOP/s at a training precision (fp32 runs TF32 where the GPU has it)."""
+        """Dense matmul FLOP/s at a training precision (fp32 runs TF32 where the GPU has it; fp8 needs
+        ``fp8_tflops``: ValueError on a GPU without FP8)."""
+        if precision == "fp8":
+            if self.fp8_tflops is None:
+                raise ValueError(f"GPU type {self.name} has no FP8 rate (fp8_tflops)")
+            return self.fp8_tflops * TFLOPS
         if precision == "fp32":
             tflops = self.tf32_tflops or self.fp32_tflops or self.peak_tflops / 8
         else:
@@ -99,6 +107,7 @@ class CustomGPUType(BaseModel):
     inter_node_gbps: float = Field(gt=0)
     fp32_tflops: float | None = Field(default=None, gt=0)
     tf32_tflops: float | None = Field(default=None, gt=0)
+    fp8_tflops: float | None = Field(default=None, gt=0)  # dense FP8 rate; None: the type has no FP8
     bf16: bool = True
     gpus_per_node: int = Field(default=8, ge=1)
     nics_per_node: int = Field(default=1, ge=1)

@@ -17,7 +17,8 @@ from arachne.spec.names import SafeName
 class ModelSpec(BaseModel):
     """A transformer as in formats v1 section 2, plus optional shape details arachne uses."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True,
+                              serialize_by_alias=True)
 
     name: SafeName  # reaches terminals and profile file names
     num_layers: int = Field(ge=1, le=10_000)  # upper bounds keep every count a finite float
@@ -33,9 +34,29 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool = False
     # optional additions (not in formats v1)
     aliases: tuple[str, ...] = ()
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "relu", "swiglu", "geglu"] = "gelu"
+    """FFN kind: ``gelu``/``relu`` have two matrices, the gated ``swiglu``/``geglu`` three."""
     bias: bool = True
-    position_embedding: Literal["learned", "rope"] = "learned"
+    """Linear-layer biases and LayerNorm (``false``: no biases, RMSNorm)."""
+    position_embedding: Literal["learned", "rope", "alibi", "none"] = "learned"
+    """Only ``learned`` holds parameters (a ``max_sequence_length x hidden_size`` table)."""
+    # formats v2 section 6 (stored under other names where a property of the same name exists)
+    head_dim_field: int | None = Field(default=None, ge=1, le=1_000_000, alias="head_dim")
+    """Per-head width of ``mha`` attention; default ``hidden_size / num_attention_heads``."""
+    attention: Literal["mha", "mla"] = "mha"
+    """``mha`` (grouped-query when ``num_kv_heads`` < heads) or multi-head latent attention."""
+    q_lora_rank: int | None = Field(default=None, ge=1, le=1_000_000)
+    """MLA: rank of the compressed queries; null = queries projected directly from the hidden state."""
+    kv_lora_rank: int | None = Field(default=None, ge=1, le=1_000_000)
+    """MLA: rank of the compressed keys and values (required with ``mla``)."""
+    qk_nope_head_dim: int | None = Field(default=None, ge=1, le=1_000_000)
+    """MLA: per-head query/key width without rotary embedding (required with ``mla``)."""
+    qk_rope_head_dim: int | None = Field(default=None, ge=0, le=1_000_000)
+    """MLA: per-head query/key width with rotary embedding; the rotary key is shared by all heads."""
+    v_head_dim: int | None = Field(default=None, ge=1, le=1_000_000)
+    """MLA: per-head value width (required with ``mla``)."""
+    capacity_factor: float | None = Field(default=None, gt=0, le=1_000)
+    """MoE: tokens per expert capped at ``capacity_factor * tokens * top_k / num_experts``; null = dropless."""
     moe_ffn_hidden_size: int | None = Field(default=None, ge=1, le=10_000_000)
     num_shared_experts: int = Field(default=0, ge=0, le=100_000)
     shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=1_000_000_000)
@@ -45,12 +66,31 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         kv = self.kv_heads
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.attention == "mha" and self.head_dim_field is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads (or give head_dim)")
         if self.num_attention_heads % kv:
             raise ValueError("num_attention_heads must be divisible by num_kv_heads")
         if self.experts_top_k > self.num_experts:
             raise ValueError("experts_top_k must not exceed num_experts")
+        mla_keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        if self.attention == "mla":
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"attention mla needs {key}")
+            if self.head_dim_field is not None:
+                raise ValueError("head_dim is for mha attention; mla uses qk_nope_head_dim, qk_rope_head_dim "
+                                 "and v_head_dim")
+            if kv != self.num_attention_heads:
+                raise ValueError("attention mla has no grouped keys/values: num_kv_heads must equal "
+                                 "num_attention_heads")
+        else:
+            for key in mla_keys:
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} is only for attention mla")
+        if self.capacity_factor is not None and not self.is_moe:
+            raise ValueError("capacity_factor is only for MoE models (num_experts > 1)")
+        if self.first_dense_layers > self.num_layers:
+            raise ValueError(f"first_dense_layers {self.first_dense_layers} exceeds num_layers {self.num_layers}")
         return self
 
     # ---- shape helpers -------------------------------------------------------------------
@@ -60,7 +100,56 @@ class ModelSpec(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """Per-head width of query/key (and value, for ``mha``)."""
+        if self.attention == "mla":
+            return self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
+        return self.head_dim_field or self.hidden_size // self.num_attention_heads
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head value width (``head_dim`` for ``mha``)."""
+        return self.v_head_dim if self.attention == "mla" else self.head_dim  # type: ignore[return-value]
+
+    @property
+    def mlp_matrices(self) -> int:
+        """FFN matrices: 3 for the gated kinds (swiglu, geglu), else 2."""
+        return 3 if self.mlp in ("swiglu", "geglu") else 2
+
+    @cached_property
+    def attention_gemms(self) -> tuple[tuple[int, int, bool], ...]:
+        """The attention projections as ``(in, out, split_by_tp)``, in execution order.
+
+        ``mha``: fused q/k/v, then the output projection. ``mla`` (DeepSeek-V2, arXiv 2405.04434 section
+        2.1): the query down/up projections (or one query projection without ``q_lora_rank``), the
+        key/value down projection (plus the shared rotary key), the key/value up projection and the output
+        projection; the down projections are replicated across tp, as Megatron-Core's MLA runs them."""
+        h, a = self.hidden_size, self.num_attention_heads
+        if self.attention == "mha":
+            qd, kvd = a * self.head_dim, self.kv_heads * self.head_dim
+            return ((h, qd + 2 * kvd, True), (qd, h, True))
+        qk, rope, kvr = self.head_dim, self.qk_rope_head_dim, self.kv_lora_rank
+        out: list[tuple[int, int, bool]] = []
+        if self.q_lora_rank:
+            out += [(h, self.q_lora_rank, False), (self.q_lora_rank, a * qk, True)]
+        else:
+            out.append((h, a * qk, True))
+        out += [(h, kvr + rope, False), (kvr, a * (self.qk_nope_head_dim + self.v_dim), True),  # type: ignore
+                (a * self.v_dim, h, True)]
+        return tuple(out)
+
+    @cached_property
+    def attention_activation_widths(self) -> tuple[int, int]:
+        """Per-token activation elements attention keeps for backward: (split over tp, replicated).
+
+        ``mha``: q, k, v and the attention output. ``mla``: also the compressed query/key-value latents
+        (replicated, with their norms' outputs)."""
+        a = self.num_attention_heads
+        if self.attention == "mha":
+            qd, kvd = a * self.head_dim, self.kv_heads * self.head_dim
+            return (qd + 2 * kvd) + qd, 0
+        split = 2 * a * self.head_dim + 2 * a * self.v_dim
+        latent = (self.q_lora_rank or 0) + self.kv_lora_rank + self.qk_rope_head_dim  # type: ignore[operator]
+        return split, 2 * latent
 
     @property
     def is_moe(self) -> bool:
@@ -81,22 +170,35 @@ class ModelSpec(BaseModel):
         return tuple(self.is_moe_layer(i) for i in range(self.num_layers))
 
     # ---- parallelism rules: the one home (plan validation, planners, export and the CLI ask here) ----
-    def tp_error(self, tp: int, whole_kv_groups: bool = False) -> str | None:
+    def tp_error(self, tp: int, whole_kv_groups: bool = False, etp: int | None = None) -> str | None:
         """Why tensor parallelism of degree ``tp`` cannot split this model's blocks, or None when it can.
 
         ``tp`` must divide the attention heads, the FFN width and (MoE) the experts' FFN width. A key/value
         head may serve query heads on several ranks (arachne's runtime gives each rank the KV heads its
-        query heads read); ``whole_kv_groups`` also asks ``tp`` to divide the KV heads, as Megatron-LM does."""
+        query heads read); ``whole_kv_groups`` also asks ``tp`` to divide the KV heads, as Megatron-LM does.
+        With ``etp`` (formats v2) the routed experts are split ``etp`` ways instead of ``tp``."""
         if tp < 1:
             return f"tp {tp} must be at least 1"
         if self.num_attention_heads % tp:
             return f"tp {tp} does not divide num_attention_heads {self.num_attention_heads}"
         if self.ffn_hidden_size % tp:
             return f"tp {tp} does not divide ffn_hidden_size {self.ffn_hidden_size}"
-        if self.is_moe and self.expert_ffn % tp:
+        if self.is_moe and etp is None and self.expert_ffn % tp:
             return f"tp {tp} does not divide the experts' ffn width {self.expert_ffn}"
         if whole_kv_groups and self.kv_heads % tp:
             return f"tp {tp} does not divide num_kv_heads {self.kv_heads} (whole query groups per rank)"
+        if etp is not None and self.is_moe:
+            return self.etp_error(etp)
+        return None
+
+    def etp_error(self, etp: int) -> str | None:
+        """Why the routed experts cannot be split ``etp`` ways (expert tensor parallelism), or None."""
+        if etp < 1:
+            return f"etp {etp} must be at least 1"
+        if etp > 1 and not self.is_moe:
+            return f"etp {etp} on a dense model"
+        if self.is_moe and self.expert_ffn % etp:
+            return f"etp {etp} does not divide the experts' ffn width {self.expert_ffn}"
         return None
 
     def tp_allowed(self, tp: int, whole_kv_groups: bool = False) -> bool:
@@ -129,15 +231,24 @@ class ModelSpec(BaseModel):
     # ---- parameters -------------------------------------------------------------------------
     @property
     def _mlp_mats(self) -> int:
-        return 3 if self.mlp == "swiglu" else 2
+        return self.mlp_matrices
 
     @cached_property
     def attention_params(self) -> int:
-        h, kvd = self.hidden_size, self.kv_heads * self.head_dim
-        p = h * (h + 2 * kvd) + h * h
+        """Projection weights (and biases), plus MLA's latent norms."""
+        p = sum(i * o for i, o, _ in self.attention_gemms)
         if self.bias:
-            p += h + 2 * kvd + h
+            p += sum(o for _, o, _ in self.attention_gemms)
+        if self.attention == "mla":  # norms of the compressed query and key/value latents
+            p += ((self.q_lora_rank or 0) + self.kv_lora_rank) * (2 if self.bias else 1)  # type: ignore[operator]
         return p
+
+    @cached_property
+    def attention_replicated_params(self) -> int:
+        """The part of :attr:`attention_params` every tp rank holds whole (MLA's down projections, norms)."""
+        if self.attention == "mha":
+            return 0
+        return self.attention_params - sum(i * o + (o if self.bias else 0) for i, o, s in self.attention_gemms if s)
 
     @cached_property
     def norm_params(self) -> int:
@@ -209,10 +320,10 @@ class ModelSpec(BaseModel):
 
     # ---- FLOPs (forward, per sequence of length s) ------------------------------------------
     def attention_flops(self, seq: int) -> float:
-        """Matmul FLOPs of attention projections plus scores for one sequence, forward."""
-        h, kvd = self.hidden_size, self.kv_heads * self.head_dim
-        proj = 2 * seq * (h * (h + 2 * kvd) + h * h)
-        scores = 4 * seq * seq * h
+        """Matmul FLOPs of attention projections plus scores (q.k and scores.v, not halved for the causal
+        mask) for one sequence, forward."""
+        proj = 2 * seq * sum(i * o for i, o, _ in self.attention_gemms)
+        scores = 2 * seq * seq * self.num_attention_heads * (self.head_dim + self.v_dim)
         return proj + scores
 
     def block_flops(self, index: int, seq: int) -> float:
@@ -258,7 +369,7 @@ def model_ref(model: ModelSpec) -> str | dict:
     """How a plan names ``model``: its catalog name, or the whole document when it is not a catalog model."""
     if model_catalog().get(model.name) == model:
         return model.name
-    return model.model_dump(exclude_defaults=True, exclude={"aliases", "source"})
+    return model.model_dump(exclude_defaults=True, exclude={"aliases", "source"}, by_alias=True)
 
 
 class ModelCatalog:

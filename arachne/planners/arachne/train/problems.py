@@ -78,10 +78,28 @@ def _synthetic_model(rng: random.Random) -> dict[str, Any]:
     return doc
 
 
+TRAINING_MODELS = (
+    "OPT-350M", "GPT-Neo-2.7B", "GPT-3-1.3B", "GPT-3-2.7B", "GPT-3-6.7B", "GPT-3-13B", "LLaMA-2-7B",
+    "LLaMA-2-13B", "LLaMA-2-70B", "LLaMA-3-8B", "LLaMA-3-70B", "Mixtral-8x7B", "Mixtral-8x22B",
+    "DeepSeek-MoE-16B", "Qwen1.5-MoE-A2.7B", "Qwen2-57B-A14B", "OPT-350", "GPT-Neo-2.7", "LLAMA-3-8",
+    "OPT-30",
+)
+"""Catalog models the generator draws from: the ones the shipped checkpoints were trained on. Newer
+catalog entries join at the next retraining (add them here then), so a seed keeps drawing the same problems."""
+
+TRAINING_GPUS = (
+    "V100-SXM2-16GB", "V100-SXM2-32GB", "P100-PCIE-16GB", "T4", "A10", "A10G", "L4", "L40S", "RTX-2080-Ti",
+    "Titan-RTX", "RTX-3090", "RTX-4090", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB",
+    "A100-PCIE-80GB", "A800-SXM4-80GB", "H100-SXM5-80GB", "H100-PCIE-80GB", "H800-SXM5-80GB", "H20",
+    "H200-SXM-141GB", "GH200-96GB", "B200", "MI250X", "MI300X",
+)
+"""Catalog GPU types the generator draws from, for the same reason as :data:`TRAINING_MODELS`."""
+
+
 def random_problem(rng: random.Random, cfg: ProblemConfig = ProblemConfig()) -> Problem:
     """One feasible problem: the cluster can hold the model state with room to spare."""
-    catalog = [g for g in gpu_catalog().gpus if g.name not in cfg.exclude_gpus]
-    models = model_catalog().models
+    catalog = [gpu_catalog().get(n) for n in TRAINING_GPUS if n not in cfg.exclude_gpus]
+    models = [model_catalog().get(n) for n in TRAINING_MODELS]
     while True:
         n_types = rng.randint(cfg.min_types, cfg.max_types)
         nodes, custom, total = [], [], 0

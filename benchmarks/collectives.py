@@ -1,0 +1,284 @@
+"""``cost-model collectives``: arachne's network model against published NCCL measurements.
+
+Reads ``data/nccl/measurements.json`` (nccl-tests bus bandwidth vs message size, each record with its source;
+see ``data/nccl/README.md``), builds for each record the cluster it ran on (``cluster_from_dict``: the GPU type
+from the catalog, the stated NIC rate per node and, where stated, the intra-node link), prices the collective with
+``arachne.cost.network.Network`` -- the calls ``CostModel`` makes: ``all_reduce_time`` (tensor-parallel and
+gradient sync), ``all_to_all_time`` (expert parallelism), ``p2p_time`` (pipeline sends) -- converts the time to bus
+bandwidth with nccl-tests' conventions and prints the error per row, record, collective and fabric, at sizes
+>= 1 MB. Beside it, the flat ring: one ring over all GPUs at the slowest link's per-GPU share (what a planner
+that ignores the node hierarchy charges), so the report shows which of the two the data supports.
+
+nccl-tests conventions (its doc/PERFORMANCE.md): ``size`` is the per-rank buffer of an all-reduce, the total
+(all ranks) buffer of an all-gather / reduce-scatter / all-to-all, and the message of a send/recv; algbw = size /
+time; busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (send/recv).
+All-gather and reduce-scatter have no call of their own in the network model: they are priced as half a ring
+all-reduce (one of its two phases), unless the model grows ``all_gather_time`` / ``reduce_scatter_time``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+DATA = common.ROOT / "data" / "nccl" / "measurements.json"
+MIN_BYTES = 1_000_000  # the target applies at sizes >= 1 MB
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+FABRICS = ("nvswitch", "nvlink-bridge", "pcie", "infiniband", "roce", "cloud-efa", "ethernet")
+GB = 1e9
+
+
+# ---- nccl-tests conventions ----------------------------------------------------------------------------------
+def bus_factor(collective: str, n: int) -> float:
+    """busbw / algbw for ``n`` ranks, as nccl-tests reports it."""
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if collective == "send_recv":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def busbw_from_time(collective: str, n: int, nbytes: float, seconds: float) -> float:
+    """Bus bandwidth, bytes/s, of a collective of nccl-tests ``size`` ``nbytes`` that took ``seconds``."""
+    return nbytes / seconds * bus_factor(collective, n)
+
+
+# ---- the data file -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    """One published measurement: a collective on one fabric, several message sizes."""
+
+    id: str
+    source: dict[str, Any]       # url, title, date, where (which table/row of the source)
+    fabric: dict[str, Any]       # kind, gpu, nodes, gpus_per_node, inter_node_gbps (GB/s per node), ...
+    collective: str              # one of COLLECTIVES
+    rows: tuple[dict[str, float], ...]  # bytes, busbw_gbps (GB/s), algbw_gbps when the source gives it
+    approximate: bool = False    # the source gives rounded figures ("~100")
+
+    @property
+    def ranks(self) -> int:
+        return int(self.fabric["nodes"]) * int(self.fabric["gpus_per_node"])
+
+
+def _check(cond: bool, path: Path, field: str, why: str) -> None:
+    if not cond:
+        common.fail(f"{path}: {field}: {why}")
+
+
+def load(path: Path = DATA) -> list[Record]:
+    """Read and validate the data file; bad input exits 2 with one line naming file and field."""
+    from arachne.spec.gpus import gpu_catalog
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        common.fail(f"{path}: not readable JSON ({type(e).__name__}: {e})")
+    _check(isinstance(doc, dict) and isinstance(doc.get("records"), list) and doc["records"], path, "records",
+           "a non-empty list is required")
+    out, seen = [], set()
+    for i, r in enumerate(doc["records"]):
+        f = f"records[{i}]"
+        _check(isinstance(r, dict), path, f, "must be an object")
+        _check(isinstance(r.get("id"), str) and r["id"] and r["id"] not in seen, path, f"{f}.id",
+               "a unique non-empty string is required")
+        seen.add(r["id"])
+        src = r.get("source")
+        _check(isinstance(src, dict), path, f"{f}.source", "an object with url, date and where is required")
+        for k in ("url", "date", "where"):
+            _check(isinstance(src.get(k), str) and src[k].strip() != "", path, f"{f}.source.{k}", "required")
+        fab = r.get("fabric")
+        _check(isinstance(fab, dict), path, f"{f}.fabric", "an object is required")
+        _check(fab.get("kind") in FABRICS, path, f"{f}.fabric.kind", f"one of {', '.join(FABRICS)}")
+        _check(isinstance(fab.get("gpu"), str) and gpu_catalog().get(fab["gpu"]) is not None, path,
+               f"{f}.fabric.gpu", "a GPU type of arachne's catalog is required")
+        for k in ("nodes", "gpus_per_node"):
+            _check(isinstance(fab.get(k), int) and not isinstance(fab[k], bool) and fab[k] >= 1, path,
+                   f"{f}.fabric.{k}", "a positive integer is required")
+        _check(fab["nodes"] * fab["gpus_per_node"] >= 2, path, f"{f}.fabric", "a collective needs 2+ GPUs")
+        if fab["nodes"] > 1:
+            _check(isinstance(fab.get("inter_node_gbps"), (int, float)) and fab["inter_node_gbps"] > 0, path,
+                   f"{f}.fabric.inter_node_gbps", "the NIC rate per node, GB/s, is required on several nodes")
+        if "intra_node_gbps" in fab:
+            _check(isinstance(fab["intra_node_gbps"], (int, float)) and fab["intra_node_gbps"] > 0, path,
+                   f"{f}.fabric.intra_node_gbps", "a positive number (GB/s, bidirectional per GPU)")
+        coll = r.get("collective")
+        _check(coll in COLLECTIVES, path, f"{f}.collective", f"one of {', '.join(COLLECTIVES)}")
+        rows = r.get("rows")
+        _check(isinstance(rows, list) and rows, path, f"{f}.rows", "a non-empty list is required")
+        n = fab["nodes"] * fab["gpus_per_node"]
+        prev = 0
+        for j, row in enumerate(rows):
+            g = f"{f}.rows[{j}]"
+            _check(isinstance(row, dict), path, g, "must be an object")
+            b = row.get("bytes")
+            _check(isinstance(b, int) and not isinstance(b, bool) and b > prev, path, f"{g}.bytes",
+                   "a positive integer, sizes strictly increasing")
+            prev = b
+            bus = row.get("busbw_gbps")
+            _check(isinstance(bus, (int, float)) and bus > 0 and math.isfinite(bus), path, f"{g}.busbw_gbps",
+                   "a positive number is required")
+            alg = row.get("algbw_gbps")
+            if alg is not None:
+                _check(isinstance(alg, (int, float)) and alg > 0, path, f"{g}.algbw_gbps", "a positive number")
+                want = alg * bus_factor(coll, n)
+                _check(abs(want - bus) <= max(0.02 * bus, 0.02), path, f"{g}.busbw_gbps",
+                       f"{bus} disagrees with algbw x the nccl-tests factor ({want:.3g}) for {n} ranks")
+        out.append(Record(r["id"], src, fab, coll, tuple(rows), bool(r.get("approximate", False))))
+    return out
+
+
+# ---- pricing -------------------------------------------------------------------------------------------------
+def cluster_of(rec: Record):
+    """The arachne cluster the record ran on: catalog GPU, stated NIC rate and (if stated) intra-node link."""
+    from arachne.spec.cluster import cluster_from_dict
+
+    fab = rec.fabric
+    group: dict[str, Any] = {"name": "n{i}" if fab["nodes"] > 1 else "n0", "count": fab["nodes"],
+                             "gpu": fab["gpu"], "gpus_per_node": fab["gpus_per_node"]}
+    if fab.get("inter_node_gbps"):
+        group["inter_node_gbps"] = float(fab["inter_node_gbps"])
+    if fab.get("intra_node_gbps"):
+        group["intra_node_gbps"] = float(fab["intra_node_gbps"])
+    return cluster_from_dict({"name": rec.id, "nodes": [group]}, f"{DATA.name}:{rec.id}")
+
+
+def _devices(cluster) -> list[str]:
+    return [f"{n.name}:{i}" for n in cluster.nodes for i in range(n.num_gpus)]
+
+
+def model_time(net, collective: str, devices: list[str], nbytes: float) -> float:
+    """arachne's time for a collective of nccl-tests ``size`` ``nbytes`` over ``devices``."""
+    if collective == "all_reduce":
+        return net.all_reduce_time(devices, nbytes)
+    if collective in ("all_gather", "reduce_scatter"):
+        own = getattr(net, f"{collective}_time", None)
+        return own(devices, nbytes) if own is not None else net.all_reduce_time(devices, nbytes) / 2
+    if collective == "all_to_all":
+        return net.all_to_all_time(devices, nbytes)
+    if collective == "send_recv":  # rank 0 to the last rank (across nodes when there are several)
+        return net.p2p_time([devices[0]], [devices[-1]], nbytes)
+    raise ValueError(collective)
+
+
+def flat_share(cluster) -> float:
+    """Per-GPU bandwidth of one flat ring over every GPU: the slowest link's per-GPU share, bytes/s."""
+    bw = min(n.intra_node_bw for n in cluster.nodes)
+    if len(cluster.nodes) > 1:
+        bw = min(bw, min(n.inter_node_bw / n.num_gpus for n in cluster.nodes))
+    return bw
+
+
+def flat_time(cluster, cal, collective: str, n: int, nbytes: float) -> float:
+    """The flat-ring alternative: ring algorithms over ``n`` GPUs, every hop at :func:`flat_share`."""
+    bw = flat_share(cluster)
+    lat = cal.inter_node_latency_s if len(cluster.nodes) > 1 else cal.intra_node_latency_s
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes / bw + (n - 1) * lat
+    if collective == "send_recv":
+        return nbytes / bw + lat
+    raise ValueError(collective)
+
+
+def price(rec: Record, min_bytes: float = MIN_BYTES) -> list[dict[str, Any]]:
+    """One row per measured size >= ``min_bytes``: measured, hierarchical (arachne) and flat busbw, errors."""
+    from arachne.cost.calibration import NetworkCalibration
+    from arachne.cost.network import Network
+
+    cluster, cal = cluster_of(rec), NetworkCalibration()
+    net, devs, n = Network(cluster, cal), _devices(cluster), rec.ranks
+    out = []
+    for row in rec.rows:
+        b = row["bytes"]
+        if b < min_bytes:
+            continue
+        meas = row["busbw_gbps"]
+        hier = busbw_from_time(rec.collective, n, b, model_time(net, rec.collective, devs, b)) / GB
+        flat = busbw_from_time(rec.collective, n, b, flat_time(cluster, cal, rec.collective, n, b)) / GB
+        out.append({"record": rec.id, "fabric": rec.fabric["kind"], "collective": rec.collective,
+                    "gpu": cluster.nodes[0].gpu.name, "nodes": rec.fabric["nodes"],
+                    "gpus_per_node": rec.fabric["gpus_per_node"], "bytes": b, "measured_busbw": meas,
+                    "arachne_busbw": hier, "flat_busbw": flat,
+                    "arachne_error_pct": 100 * (hier - meas) / meas, "flat_error_pct": 100 * (flat - meas) / meas,
+                    "approximate": rec.approximate, "source": rec.source["url"]})
+    return out
+
+
+def _mape(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(abs(r[key]) for r in rows) / len(rows) if rows else float("nan")
+
+
+def summarize(rows: list[dict[str, Any]], by: tuple[str, ...]) -> list[dict[str, Any]]:
+    """MAPE of both models per group, and the factor each is off by (geometric mean of max(model/measured,
+    measured/model)); each record weighs once (its rows' mean), however many sizes it has."""
+    per_rec: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        per_rec.setdefault(r["record"], []).append(r)
+    recs = []
+    for rid, rs in per_rec.items():
+        recs.append({**{k: rs[0][k] for k in by}, "record": rid,
+                     "arachne": sum(r["arachne_error_pct"] for r in rs) / len(rs),
+                     "flat": sum(r["flat_error_pct"] for r in rs) / len(rs),
+                     "arachne_log": sum(abs(_log_ratio(r["arachne_error_pct"])) for r in rs) / len(rs),
+                     "flat_log": sum(abs(_log_ratio(r["flat_error_pct"])) for r in rs) / len(rs)})
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in recs:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    out = []
+    for key, rs in sorted(groups.items()):
+        fa = math.exp(sum(r["arachne_log"] for r in rs) / len(rs))
+        ff = math.exp(sum(r["flat_log"] for r in rs) / len(rs))
+        out.append({**dict(zip(by, key)), "records": len(rs),
+                    "arachne_mape_pct": _mape(rs, "arachne"),
+                    "arachne_mean_error_pct": sum(r["arachne"] for r in rs) / len(rs), "arachne_factor": fa,
+                    "flat_mape_pct": _mape(rs, "flat"), "flat_mean_error_pct": sum(r["flat"] for r in rs) / len(rs),
+                    "flat_factor": ff, "closer": "same" if abs(fa - ff) < 1e-9 else "arachne" if fa < ff else "flat"})
+    return out
+
+
+def _log_ratio(error_pct: float) -> float:
+    """ln(model / measured): symmetric, unlike a percentage error (a model 10x too slow is -90%, 10x too fast
+    +900%), so it is what decides which model is closer."""
+    return math.log(1 + error_pct / 100)
+
+
+def run(a) -> None:
+    path = Path(a.data)
+    recs = load(path)
+    rows = [r for rec in recs for r in price(rec, a.min_bytes)]
+    if not rows:
+        common.fail(f"{path}: records: no row at or above {a.min_bytes:g} bytes")
+    common.print_table("measured vs modelled bus bandwidth (GB/s; error > 0: the model is too fast)", rows,
+                       ["record", "bytes", "measured_busbw", "arachne_busbw", "arachne_error_pct", "flat_busbw",
+                        "flat_error_pct"])
+    by_cf = summarize(rows, ("collective", "fabric"))
+    common.print_table("per collective and fabric (each record once)", by_cf)
+    by_f = summarize(rows, ("fabric",))
+    common.print_table("per fabric", by_f)
+    multi = [r for r in rows if r["nodes"] > 1]
+    single = [r for r in rows if r["nodes"] == 1]
+    overall = summarize([{**r, "all": "all"} for r in rows], ("all",))[0]
+    summary = {"records": len(recs), "rows": len(rows), "min_bytes": a.min_bytes,
+               "fabric_kinds": sorted({r["fabric"] for r in rows}),
+               "arachne_mape_pct": overall["arachne_mape_pct"], "flat_mape_pct": overall["flat_mape_pct"],
+               "target_mape_pct": 15.0,
+               "multi_node": summarize([{**r, "all": "multi"} for r in multi], ("all",))[0] if multi else None,
+               "single_node": summarize([{**r, "all": "single"} for r in single], ("all",))[0] if single else None,
+               "by_collective_fabric": by_cf, "by_fabric": by_f}
+    per_record = summarize(rows, ("record",))
+    summary["records_within_15pct"] = sum(r["arachne_mape_pct"] <= 15 for r in per_record)
+    common.console.print(f"{len(recs)} records, {len(rows)} sizes >= {a.min_bytes:g} B: MAPE (records weighed "
+                         f"equally) arachne {overall['arachne_mape_pct']:.1f}%, flat ring "
+                         f"{overall['flat_mape_pct']:.1f}%; off by a factor of {overall['arachne_factor']:.2f} "
+                         f"(arachne) vs {overall['flat_factor']:.2f} (flat); arachne within 15% on "
+                         f"{summary['records_within_15pct']}/{len(per_record)} records", highlight=False)
+    common.write_result(a.out, "collectives", rows, summary, {"data": str(path), "min_bytes": a.min_bytes},
+                        benchmark="cost-model-collectives")

@@ -1,0 +1,118 @@
+"""``cost-model collectives``: nccl-tests' bus-bandwidth conventions, the NCCL data file's validity, and the
+subcommand on the shipped data."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks import collectives as C
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- conversions, against hand-computed values (nccl-tests doc/PERFORMANCE.md) -------------------------------
+def test_bus_factors_by_hand():
+    assert C.bus_factor("all_reduce", 8) == pytest.approx(1.75)        # 2 * 7 / 8
+    assert C.bus_factor("all_reduce", 2) == pytest.approx(1.0)
+    assert C.bus_factor("all_gather", 16) == pytest.approx(0.9375)     # 15 / 16
+    assert C.bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
+    assert C.bus_factor("all_to_all", 64) == pytest.approx(63 / 64)
+    assert C.bus_factor("send_recv", 2) == 1.0
+    with pytest.raises(ValueError):
+        C.bus_factor("broadcast", 8)
+
+
+def test_busbw_from_time_matches_a_published_row():
+    # nccl issue #527, one p4d instance: 1 GiB all-reduce in 8142.6 us -> algbw 131.87, busbw 230.77 GB/s
+    assert C.busbw_from_time("all_reduce", 8, 1073741824, 8142.6e-6) / 1e9 == pytest.approx(230.77, abs=0.01)
+    # 1 GB all-gather over 16 ranks in 10 ms: algbw 100 GB/s, busbw 93.75
+    assert C.busbw_from_time("all_gather", 16, 1e9, 0.01) / 1e9 == pytest.approx(93.75)
+
+
+def test_flat_ring_busbw_is_the_per_gpu_share_for_large_messages():
+    rec = next(r for r in C.load() if r.id == "efa-p4d-2x8-allreduce-1gib")
+    cluster = C.cluster_of(rec)
+    assert C.flat_share(cluster) == pytest.approx(50e9 / 8)            # 400 Gb/s per node over 8 GPUs
+    from arachne.cost.calibration import NetworkCalibration
+    t = C.flat_time(cluster, NetworkCalibration(), "all_reduce", 16, 1e12)
+    assert C.busbw_from_time("all_reduce", 16, 1e12, t) == pytest.approx(50e9 / 8, rel=1e-3)
+
+
+def test_single_node_arachne_busbw_is_the_gpu_collective_bandwidth():
+    rec = next(r for r in C.load() if r.id == "nvswitch-a100-40-1x8-allreduce")
+    row = C.price(rec)[0]
+    from arachne.spec.gpus import gpu_catalog
+    want = gpu_catalog().get("A100-SXM4-40GB").collective_bandwidth / 1e9
+    assert row["arachne_busbw"] == pytest.approx(want, rel=0.02)       # latency is negligible at 1 GiB
+
+
+# ---- the data file -------------------------------------------------------------------------------------------
+def test_data_file_validates_with_sources_and_monotone_sizes():
+    recs = C.load()
+    assert len(recs) >= 8 and len({r.fabric["kind"] for r in recs}) >= 4
+    for r in recs:
+        assert r.source["url"].startswith("https://") and r.source["date"] and r.source["where"]
+        sizes = [row["bytes"] for row in r.rows]
+        assert sizes == sorted(set(sizes))
+    readme = (ROOT / "data" / "nccl" / "README.md").read_text()
+    assert all(r.source["url"] in readme for r in recs), "every source is attributed in the README"
+
+
+def _write(tmp_path, doc) -> Path:
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def _one(**over):
+    rec = json.loads((C.DATA).read_text())["records"][0]
+    rec.update(over)
+    return {"records": [rec]}
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"source": {"url": "https://x", "date": "2020-01-01"}}, "records[0].source.where"),
+    ({"collective": "broadcast"}, "records[0].collective"),
+    ({"rows": [{"bytes": 2097152, "busbw_gbps": 1.0}, {"bytes": 1048576, "busbw_gbps": 1.0}]}, "records[0].rows[1].bytes"),
+    ({"rows": [{"bytes": 1073741824, "busbw_gbps": 100.0, "algbw_gbps": 131.87}]}, "records[0].rows[0].busbw_gbps"),
+])
+def test_bad_records_exit_2_naming_file_and_field(tmp_path, capsys, over, field):
+    p = _write(tmp_path, _one(**over))
+    with pytest.raises(SystemExit) as e:
+        C.load(p)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(p) in err and field in err
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=1 << 34), min_size=2, max_size=6))
+def test_validator_accepts_exactly_strictly_increasing_sizes(tmp_path_factory, sizes):
+    p = _write(tmp_path_factory.mktemp("h"), _one(rows=[{"bytes": b, "busbw_gbps": 1.0} for b in sizes]))
+    increasing = all(a < b for a, b in itertools.pairwise(sizes))
+    if increasing:
+        assert C.load(p)[0].rows[-1]["bytes"] == sizes[-1]
+    else:
+        with pytest.raises(SystemExit):
+            C.load(p)
+
+
+# ---- the subcommand ------------------------------------------------------------------------------------------
+def test_subcommand_runs_on_the_data(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "benchmarks", "cost-model", "collectives", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "collectives.json").read_text())
+    assert doc["benchmark"] == "cost-model-collectives"
+    assert doc["rows"] and all(r["bytes"] >= 1e6 for r in doc["rows"])
+    s = doc["summary"]
+    assert s["records"] == len(C.load()) and s["by_collective_fabric"] and s["by_fabric"]
+    assert all(r["arachne_busbw"] > 0 and r["flat_busbw"] > 0 for r in doc["rows"])
