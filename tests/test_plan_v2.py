@@ -188,10 +188,11 @@ def test_bad_prices_are_refused_naming_the_field(price):
 
 
 # ---- the cost model: v2 plan features refused until priced; cost keys -------------------------------------------
+# (interleaving, sequence parallelism, selective/partial recomputation, overlap and ZeRO-2/3 are priced now:
+# tests/cost/test_v2_pricing.py)
 
 @pytest.mark.parametrize("name,field", [
-    ("cp-zero3.json", "zero_stage"),
-    ("interleaved-sp-selective.json", "overlap_grad_reduce"),
+    ("cp-zero3.json", "pipelines[0].stages[0].cp"),
     ("moe-ep-etp-fp8.json", "precision"),
 ])
 def test_cost_model_refuses_unpriced_v2_features(name, field):
@@ -211,9 +212,6 @@ def _v1_on_h100(**stage) -> dict:
 
 @pytest.mark.parametrize("stage,field", [
     ({"cp": 2, "dp": 2}, "pipelines[0].stages[1].cp"),
-    ({"sequence_parallel": True}, "pipelines[0].stages[1].sequence_parallel"),
-    ({"recompute": "selective"}, "pipelines[0].stages[1].recompute"),
-    ({"recompute": "full", "recompute_layers": 3}, "pipelines[0].stages[1].recompute_layers"),
     ({"etp": 1}, "pipelines[0].stages[1].etp"),
 ])
 def test_cost_model_refusal_names_the_stage_field(stage, field):
@@ -292,7 +290,7 @@ def test_cp_rules_match_an_independent_oracle(tp, cp, dp, n, seq, give_dp):
 # ---- the CLI: one line naming file and field, exit 2 ------------------------------------------------------------
 
 @pytest.mark.parametrize("args,words", [
-    (["estimate", "-p", str(V2 / "cp-zero3.json")], "cp-zero3.json: zero_stage: not priced yet"),
+    (["estimate", "-p", str(V2 / "cp-zero3.json")], "cp-zero3.json: pipelines[0].stages[0].cp: not priced yet"),
     (["export", "-f", "torchrun", "-p", str(V2 / "interleaved-sp-selective.json")],
      "interleaved-sp-selective.json: overlap_grad_reduce: not supported by export yet"),
     (["validate-plan", "-p", str(V2 / "moe-ep-etp-fp8.json")], "valid (Mixtral-8x7B"),

@@ -19,6 +19,24 @@ def _cost_model(cluster, profiles: Path | None):
     return CostModel(cluster, profiles=default_profile_db() if profiles is None else merged_profile_db(profiles))
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
+def check_plot(plot: Path, inputs: dict[str, Path | str | None], output: Path | None = None) -> None:
+    """Refuse a ``--plot`` path before any work: an input, the ``-o`` output, an unwritable path or an
+    image format matplotlib is not asked to write (formats 8.10)."""
+    import os
+
+    from arachne.errors import InputError
+    from arachne.fileio import check_output
+
+    check_output(plot, inputs, field="--plot")
+    if output is not None and os.path.realpath(plot) == os.path.realpath(output):
+        raise InputError(str(plot), "--plot", f"is also the -o output {str(output)!r}; choose another path")
+    if plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(str(plot), "--plot", "unsupported image format; use .png, .svg, .pdf or .jpg")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("estimate")
     @handle_errors
@@ -27,12 +45,16 @@ def register(app: typer.Typer) -> None:
         plan: Path = typer.Option(..., "--plan", "-p", help="plan JSON (formats v1)"),
         profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
         as_json: bool = typer.Option(False, "--json", help="print the estimate JSON"),
+        plot: Path | None = typer.Option(None, "--plot", help="write a figure of the plan: GPUs by stage and "
+                                                              "the simulated timeline (PNG/SVG/PDF/JPG)"),
     ) -> None:
         """Price a plan: per-stage time and memory, throughput, MFU, breakdown."""
         from arachne.plan import load_plan, validate_plan
         from arachne.report.tables import plan_report
         from arachne.spec.cluster import load_cluster
 
+        if plot is not None:
+            check_plot(plot, {"--cluster": cluster, "--plan": plan, "--profiles": profiles})
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
@@ -40,6 +62,12 @@ def register(app: typer.Typer) -> None:
         est = cm.estimate(pl.model_copy(update={"model": model.name}) if isinstance(pl.model, str) else pl,
                           validate=False, source=str(plan))
         print_assumptions(cl, cluster)
+        if plot is not None:
+            from arachne.fileio import replacing
+            from arachne.report.plots import plot_plan
+
+            with replacing(plot) as tmp:
+                plot_plan(pl, est, cl, tmp)
         if as_json:
             print(json.dumps(est.to_doc(), indent=2))
             return
@@ -47,6 +75,8 @@ def register(app: typer.Typer) -> None:
 
         ceiling = throughput_ceiling(cm, model, pl.global_batch_size, pl.sequence_length, pl.precision)
         console.print(plan_report(pl, est, ceiling_tokens_per_s=ceiling.tokens_per_s))
+        if plot is not None:
+            console.print(f"figure written to {plot}")
 
     @app.command("validate-plan")
     @handle_errors

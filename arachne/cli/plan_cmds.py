@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
         profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
         output: Path | None = typer.Option(None, "-o", "--output", help="write the plan JSON here"),
         as_json: bool = typer.Option(False, "--json", help="print the plan JSON on stdout"),
+        plot: Path | None = typer.Option(None, "--plot", help="write a figure of the plan: GPUs by stage and "
+                                                              "the simulated timeline (PNG/SVG/PDF/JPG)"),
         top_k: int = typer.Option(16, "--top-k", min=1, help="plans re-priced by the common cost model"),
         seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
         target: float | None = typer.Option(
@@ -53,6 +55,10 @@ def register(app: typer.Typer) -> None:
             from arachne.fileio import check_output
 
             check_output(output, {"--cluster": cluster, "--model": model, "--profiles": profiles})
+        if plot is not None:
+            from arachne.cli.estimate_cmds import check_plot
+
+            check_plot(plot, {"--cluster": cluster, "--model": model, "--profiles": profiles}, output)
         cl = load_cluster(cluster)
         spec = load_model(model, "", "--model")
         job = Job(global_batch_size=global_batch_size, sequence_length=sequence_length, precision=precision)
@@ -67,6 +73,12 @@ def register(app: typer.Typer) -> None:
         print_assumptions(cl, cluster)
         if output is not None:
             plan_doc.save(output)
+        if plot is not None:
+            from arachne.fileio import replacing
+            from arachne.report.plots import plot_plan
+
+            with replacing(plot) as tmp:
+                plot_plan(plan_doc, est, cl, tmp)
         if as_json:
             print(json.dumps(plan_doc.to_doc(), indent=2))
             return
@@ -78,6 +90,8 @@ def register(app: typer.Typer) -> None:
         console.print(plan_report(plan_doc, est, plan_doc.planning_time_s, ceiling, result.stats.notes.get("work_s")))
         if output is not None:
             console.print(f"plan written to {output}")
+        if plot is not None:
+            console.print(Text(f"figure written to {plot}"))
 
     @app.command("replan")
     @handle_errors

@@ -9,24 +9,31 @@ Primitives are cached by value, so re-pricing similar plans is cheap.
 
 from __future__ import annotations
 
-import bisect
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
-
 from arachne.cost.calibration import DEFAULT_CALIBRATION, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
+from arachne.cost.estimate import Estimate, StageEstimate
+from arachne.cost.features import (
+    attention_core_fwd,
+    block_acts_v2,
+    recompute_mode,
+    recomputed_blocks,
+)
 from arachne.cost.memory import (
     MemoryBreakdown,
     block_activation_bytes,
     block_transient_bytes,
     head_transient_bytes,
     stage_expert_params,
-    stage_params,
     state_bytes_per_param,
 )
 from arachne.cost.network import Network
-from arachne.cost.schedule import in_flight, pipeline_time
+from arachne.cost.pipeline import (
+    PipelineMixin,
+    _block_acts_cached,
+    _stage_params_cached,
+)
+from arachne.cost.schedule import in_flight
+from arachne.cost.sync import IDENTITY_CACHE_SIZE, MEGATRON_BUCKET_PARAMS, SyncMixin
 from arachne.errors import InputError
 from arachne.plan import Plan, Stage, validate_plan
 from arachne.plan_rules import FEATURES, unpriced_features, uses_v2
@@ -36,129 +43,19 @@ from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
 
 BREAKDOWN_KEYS = ("compute_s", "pipeline_bubble_s", "p2p_s", "tp_comm_s", "dp_sync_s", "ep_comm_s", "optimizer_s")
-PRICED_V2_FEATURES: frozenset[str] = frozenset()  # plan_rules.v2_fields_used features this cost model prices
+PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_parallel", "selective_recompute",
+                                                "recompute_layers", "overlap_grad_reduce",
+                                                "overlap_param_gather", "zero_stage"})
+# plan_rules.v2_fields_used features this cost model prices (zero_stage 3 with virtual_stages is refused)
 
-
-@dataclass
-class StageEstimate:
-    """What one stage costs: per-micro-batch times and the memory of its worst device."""
-
-    pipeline: int
-    stage: int
-    gpu: str
-    layers: tuple[int, int]
-    tp: int
-    dp: int
-    ep: int
-    fwd_s: float
-    bwd_s: float
-    compute_s: float
-    tp_comm_s: float
-    ep_comm_s: float
-    send_fwd_s: float
-    send_bwd_s: float
-    memory_bytes: float
-    capacity_bytes: float
-    source: str
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline, "stage": self.stage, "gpu": self.gpu, "layers": list(self.layers),
-            "tp": self.tp, "dp": self.dp, "ep": self.ep, "time_per_microbatch_s": self.fwd_s + self.bwd_s,
-            "memory_bytes": int(self.memory_bytes), "capacity_bytes": int(self.capacity_bytes),
-            "compute_source": self.source,
-        }
-
-
-@dataclass
-class Estimate:
-    """The priced plan (formats v1 section 5) plus per-stage details.
-
-    MFU, the per-device peaks and the per-stage rows are built on first use from ``parts`` (per
-    pipeline: its index, the pipeline, its stage rows and memory): a search prices thousands of plans
-    and reads them for a few."""
-
-    iteration_time_s: float
-    samples_per_s: float
-    tokens_per_s: float
-    max_memory_bytes: float
-    fits: bool
-    breakdown: dict[str, float]
-    parts: list[tuple] = field(default_factory=list, repr=False, compare=False)
-    model_flops_per_s: float = field(default=0.0, repr=False, compare=False)  # MFU's numerator
-    device_flops: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  # peak FLOP/s by device
-    device_prices: dict[str, float | None] = field(default_factory=dict, repr=False, compare=False)  # USD/GPU-hour
-    _built: tuple | None = field(default=None, init=False, repr=False, compare=False)
-
-    def _build(self) -> tuple:
-        if self._built is None:
-            peak: dict[str, float] = {}
-            detail: dict[str, MemoryBreakdown] = {}
-            stages: list[StageEstimate] = []
-            for pi, p, out_rows, mems in self.parts:
-                for si, st in enumerate(p.stages):
-                    row = out_rows[si]
-                    peak.update(dict.fromkeys(st.devices, row[12]))
-                    detail.update(dict.fromkeys(st.devices, mems[si][0]))
-                    stages.append(StageEstimate(pi, si, *row))
-            self._built = (peak, detail, stages)
-        return self._built
-
-    @property
-    def peak_memory_bytes(self) -> dict[str, float]:
-        return self._build()[0]
-
-    @property
-    def memory_detail(self) -> dict[str, MemoryBreakdown]:
-        return self._build()[1]
-
-    @property
-    def stages(self) -> list[StageEstimate]:
-        return self._build()[2]
-
-    @property
-    def mfu(self) -> float:
-        """Model FLOP/s over the summed peak of the devices the plan uses."""
-        return self.model_flops_per_s / sum(self.device_flops[d] for d in self.peak_memory_bytes)
-
-    @property
-    def cost_per_hour(self) -> float | None:
-        """USD per hour of the devices the plan uses, when every one of them has a price (formats v2 9)."""
-        prices = [self.device_prices.get(d) for d in self.peak_memory_bytes]
-        return None if not prices or None in prices else float(sum(prices))  # type: ignore[arg-type]
-
-    @property
-    def worst_memory_ratio(self) -> float:
-        """Largest used/capacity over stages (> 1 means it does not fit)."""
-        return max((s.memory_bytes / s.capacity_bytes for s in self.stages), default=0.0)
-
-    def to_doc(self, details: bool = True) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "iteration_time_s": self.iteration_time_s,
-            "samples_per_s": self.samples_per_s,
-            "tokens_per_s": self.tokens_per_s,
-            "mfu": self.mfu,
-            "peak_memory_bytes": {k: int(v) for k, v in self.peak_memory_bytes.items()},
-            "max_memory_bytes": int(self.max_memory_bytes),
-            "fits": self.fits,
-            "breakdown": dict(self.breakdown),
-        }
-        if (cost := self.cost_per_hour) is not None:
-            doc["cost_per_hour"] = cost
-            doc["cost_per_million_tokens"] = cost / 3600 / self.tokens_per_s * 1e6
-        if details:
-            doc["stages"] = [s.to_doc() for s in self.stages]
-        return doc
-
-
-IDENTITY_CACHE_SIZE = 100_000  # entries of the caches keyed by stage identity (each holds its stages alive)
+__all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
 
 
 def _slowest(gpus: list[GPUType], precision: str) -> GPUType:
     return min(gpus, key=lambda g: (g.peak_flops(precision), g.hbm_bandwidth))
 
 
-class CostModel:
+class CostModel(SyncMixin, PipelineMixin):
     """Prices plans on one cluster. Construct once per cluster; ``estimate`` is cheap when warm."""
 
     def __init__(self, cluster: Cluster, profiles: ProfileDB | None | str = "default",
@@ -226,9 +123,14 @@ class CostModel:
             sig = self._sig_cache[key] = (ids, tuple(self._node_class[n] for n in local))
         return sig
 
-    def _stage(self, model: ModelSpec, st: Stage, first: bool, last: bool, mbs: int, plan: Plan) -> tuple:
-        """(fwd, bwd, compute, tp_comm, ep_comm, gpu name, source) per micro-batch for a stage."""
-        key = (model.key, st.layers, self._layout_signature(st), st.tp, st.dp_size, st.ep, st.recompute, first, last,
+    def _stage(self, model: ModelSpec, st: Stage, first: bool, last: bool, mbs: int, plan: Plan,
+               layers: tuple[int, int] | None = None, rec_blocks: int | None = None) -> tuple:
+        """(fwd, bwd, compute, tp_comm, ep_comm, gpu name, source, recompute) per micro-batch for a stage (or,
+        interleaved, for its chunk ``layers`` of which the first ``rec_blocks`` blocks are fully recomputed)."""
+        a, z = st.layers if layers is None else layers
+        mode = recompute_mode(st)
+        k = rec_blocks if rec_blocks is not None else recomputed_blocks(st, z - a)
+        key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
                mbs, plan.precision, plan.sequence_length)
         hit = self._stage_cache.get(key)
         if hit is not None:
@@ -236,11 +138,11 @@ class CostModel:
         seq, prec = plan.sequence_length, plan.precision
         dp, tp, ep = st.dp_size, st.tp, st.ep
         b = mbs / dp
-        a, z = st.layers
         h = model.hidden_size
         devs = self.cluster.devices
         groups = st.groups()
         n_moe = sum(model.moe_layers[a:z])
+        full = mode == "full" and k == z - a  # the whole stage (chunk): priced exactly as version 1
         worst = None
         for g in groups:
             gpu = _slowest([devs[d].gpu for d in g], prec)
@@ -252,9 +154,16 @@ class CostModel:
             if last:
                 f += lc.head_fwd
                 bw += lc.head_bwd
-            if st.recompute:
-                bw += lc.blocks(a, z)[0]
+            rec = 0.0
+            if full:
+                rec = lc.blocks(a, z)[0]
+            elif mode == "full" and k:
+                rec = lc.blocks(a, a + k)[0]
+            elif mode == "selective":
+                rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp)
+            bw += rec
             tp_f = 0.0
+            per = 0.0
             if tp > 1 and not lc.includes_tp_comm:
                 nbytes = b * seq * h * act_bytes(prec)
                 per = 2 * self.network.all_reduce_time(g, nbytes)
@@ -263,13 +172,18 @@ class CostModel:
             if ep > 1 and n_moe:
                 idx = groups.index(g)
                 base = idx - idx % ep
-                ring = [groups[base + k][0] for k in range(ep)]
+                ring = [groups[base + k2][0] for k2 in range(ep)]
                 nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
                 ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=tp)
-            tp_b = tp_f * (2 if st.recompute else 1)
-            ep_b = ep_f * (2 if st.recompute else 1)
+            if full:
+                tp_b, ep_b = tp_f * 2, ep_f * 2
+            elif mode == "full" and k:  # the recomputed blocks' forward collectives again
+                tp_b = tp_f + per * k
+                ep_b = ep_f + (ep_f * sum(model.moe_layers[a:a + k]) / n_moe if n_moe else 0.0)
+            else:
+                tp_b, ep_b = tp_f, ep_f
             fwd, bwd = f + tp_f + ep_f, bw + tp_b + ep_b
-            cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source)
+            cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, rec + (tp_b - tp_f) + (ep_b - ep_f))
             if worst is None or fwd + bwd > worst[0] + worst[1]:
                 worst = cand
         self._stage_cache[key] = worst
@@ -278,20 +192,26 @@ class CostModel:
     # ---- memory ---------------------------------------------------------------------------------
     def stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
                      tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int,
-                     zero_shards: int = 1, replicated: bool = False, recompute: bool = False) -> MemoryBreakdown:
+                     zero_shards: int = 1, replicated: bool = False, recompute: bool | str = False,
+                     rec_blocks: int | None = None, sp: bool = False, zero_level: int = 1) -> MemoryBreakdown:
         """Bytes on one device of a stage holding ``layers`` with ``b`` sequences per micro-batch and
-        ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``)."""
+        ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``).
+        Version 2: ``recompute`` may be ``"selective"``; with full recomputation ``rec_blocks`` (default all)
+        leading blocks are recomputed; ``sp`` splits the non-GEMM activations over tp; ``zero_level`` 2 shards
+        the gradients as well as the optimizer state over ``zero_shards``."""
         key = (model.key, layers, first, last, num_stages, tp, ep, b, in_flight_mbs, precision, seq, zero_shards,
-               replicated, recompute)
+               replicated, recompute, rec_blocks, sp, zero_level)
         hit = self._mem_cache.get(key)
         if hit is None:
             hit = self._mem_cache[key] = self._stage_memory(model, layers, first, last, num_stages, tp, ep, b,
-                                                            in_flight_mbs, precision, seq, zero_shards, recompute)
+                                                            in_flight_mbs, precision, seq, zero_shards, recompute,
+                                                            rec_blocks, sp, zero_level)
         return hit
 
     def _stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
                       tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int, zero_shards: int,
-                      recompute: bool) -> MemoryBreakdown:
+                      recompute: bool | str, rec_blocks: int | None = None, sp: bool = False,
+                      zero_level: int = 1) -> MemoryBreakdown:
         cal = self.cal.memory
         a, z = layers
         params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep)
@@ -303,14 +223,25 @@ class CostModel:
         expert = stage_expert_params(model, a, z, tp, ep) if ep > 1 else 0.0
         opt_params = (params - expert) / max(1, zero_shards) + expert / max(1, zero_shards // ep)
         ab = act_bytes(precision)
-        if recompute:
+        selective = recompute == "selective"
+        k = 0 if not recompute or selective else (z - a if rec_blocks is None else min(rec_blocks, z - a))
+        v2 = sp or selective or (bool(recompute) and k < z - a)
+        if v2:  # version 2 (docs/cost-model.md, "Version-2 features")
+            split = tp if sp else 1
+            per_mb = k * seq * b * model.hidden_size * ab / split
+            per_mb += sum(block_acts_v2(model, i, seq, b, tp, precision, cal, sp, selective) for i in range(a + k, z))
+            transient = max((block_acts_v2(model, i, seq, b, tp, precision, cal, sp, False) for i in range(a, a + k)),
+                            default=0.0)
+            if first:
+                per_mb += seq * b * model.hidden_size * ab / split
+        elif recompute:
             per_mb = (z - a) * seq * b * model.hidden_size * ab
             transient = max((block_activation_bytes(model, i, seq, b, tp, precision, cal) for i in range(a, z)),
                             default=0.0)
         else:
             per_mb = _block_acts_cached(model, a, z, seq, b, tp, precision, cal)
             transient = 0.0
-        if first:
+        if first and not v2:
             per_mb += seq * b * model.hidden_size * ab
         acts = per_mb * in_flight_mbs
         transient += block_transient_bytes(model, seq, b, tp, precision, cal)
@@ -318,6 +249,17 @@ class CostModel:
             transient += head_transient_bytes(model, seq, b, tp, cal)
         dynamic = acts + transient
         fixed = cal.fp32_overhead_bytes if precision == "fp32" else cal.mixed_overhead_bytes
+        if zero_level >= 2 and zero_shards > 1:  # ZeRO-2: gradients sharded like the optimizer state, plus one
+            transient += min(params, MEGATRON_BUCKET_PARAMS) * g  # bucket of full gradients being reduced
+            weights = params * w
+            if zero_level >= 3:  # ZeRO-3: parameters sharded too, plus one gathered block as workspace
+                gathered = max((_stage_params_cached(model, i, i + 1, False, False, num_stages, tp, ep)
+                                for i in range(a, z)), default=0.0)
+                weights = opt_params * w
+                transient += gathered * w
+            dynamic = acts + transient
+            overhead = fixed + cal.allocator_reserve * dynamic
+            return MemoryBreakdown(weights, opt_params * g, opt_params * o, acts, transient, overhead)
         overhead = fixed + cal.allocator_reserve * dynamic
         return MemoryBreakdown(params * w, params * g, opt_params * o, acts, transient, overhead)
 
@@ -325,110 +267,8 @@ class CostModel:
                 zero_shards: int, replicated: bool) -> MemoryBreakdown:
         return self.stage_memory(model, st.layers, s == 0, s == S - 1, S, st.tp, st.ep, mbs / st.dp_size,
                                  in_flight(s, S, m, plan.schedule), plan.precision, plan.sequence_length,
-                                 zero_shards if plan.zero_stage == 1 else 1, replicated, st.recompute)
-
-    # ---- data-parallel synchronisation ---------------------------------------------------------
-    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]]]:
-        """The gradient all-reduce time (the slowest stage's), and per pipeline the number of replicas of each
-        stage's layers.
-        Cached by the identity of the plan's stage objects (a search re-prices the same stages with other
-        micro-batch counts and sizes); the entry holds them alive, so equal ids are the same stages."""
-        key = (model.key, plan.precision, tuple(tuple(map(id, p.stages)) for p in plan.pipelines))
-        hit = self._sync_cache.get(key)
-        if hit is None:
-            if len(self._sync_cache) >= IDENTITY_CACHE_SIZE:
-                self._sync_cache.clear()
-            hit = self._sync_cache[key] = ([p.stages for p in plan.pipelines], self._new_sync(model, plan))
-        return hit[1]
-
-    def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]]]:
-        prec = plan.precision
-        grad_b = 4.0 if prec == "fp32" else 2.0
-        L = model.num_layers
-        # segment boundaries: every stage boundary of every pipeline
-        starts = [self._stage_starts(p) for p in plan.pipelines]
-        bounds = sorted({0, L}.union(*starts))
-        # pipelines with the same stage boundaries hold the same layers stage by stage: aggregate them
-        shapes: dict[tuple[int, ...], list[int]] = {}
-        for pi, st_starts in enumerate(starts):
-            shapes.setdefault(st_starts, []).append(pi)
-        agg = []  # per shape, per stage: (dp sum, min tp, max tp, min ep, max ep, leader nodes)
-        for st_starts, pis in shapes.items():
-            rows = []
-            for si in range(len(st_starts)):
-                sts = [plan.pipelines[pi].stages[si] for pi in pis]
-                nodes: dict[str, int] = defaultdict(int)
-                for st in sts:
-                    for n, k in self._group_leader_nodes(st):
-                        nodes[n] += k
-                tps, eps = [st.tp for st in sts], [st.ep for st in sts]
-                rows.append((sum(st.dp_size for st in sts), min(tps), max(tps), min(eps), max(eps), nodes))
-            agg.append((st_starts, rows, [0] * len(st_starts), [0.0] * len(st_starts)))
-        for lo, hi in zip(bounds, bounds[1:]):
-            held = [(k, bisect.bisect_right(a[0], lo) - 1) for k, a in enumerate(agg)]
-            parts = [agg[k][1][si] for k, si in held]
-            D = sum(r[0] for r in parts)
-            for k, si in held:
-                mins = agg[k][2]
-                mins[si] = D if mins[si] == 0 else min(mins[si], D)
-            if D <= 1:
-                continue
-            min_tp = min(r[1] for r in parts)
-            max_tp = max(r[2] for r in parts)
-            dense = sum(model.block_params(i) - model.block_expert_params(i) for i in range(lo, hi))
-            expert = sum(model.block_expert_params(i) for i in range(lo, hi))
-            if lo == 0:
-                dense += model.embedding_params(min_tp)
-            if hi == L:
-                dense += model.head_params(min_tp)
-            if len(parts) == 1:
-                nodes = parts[0][5]
-            else:
-                nodes = defaultdict(int)
-                for r in parts:
-                    for n, k in r[5].items():
-                        nodes[n] += k
-            t = self.network.ring_all_reduce_time(D, nodes, dense / min_tp * grad_b, concurrent=max_tp)
-            if expert:
-                ep = max(r[4] for r in parts)
-                ep_bytes = expert / (min_tp * min(r[3] for r in parts)) * grad_b
-                if ep > 1:  # the expert rings: every ep-th group leader, in pipeline order
-                    groups = []
-                    for pi, p in enumerate(plan.pipelines):
-                        groups += p.stages[bisect.bisect_right(starts[pi], lo) - 1].groups()
-                    t += self.network.all_reduce_time([grp[0] for grp in groups][::ep], ep_bytes, concurrent=max_tp)
-                else:
-                    t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, concurrent=max_tp)
-            for k, si in held:
-                agg[k][3][si] += t
-        replicas: list[tuple[int, ...]] = [()] * len(plan.pipelines)
-        t_sync = 0.0
-        for (_, _, mins, times), pis in zip(agg, shapes.values()):
-            reps = tuple(mins)
-            for pi in pis:
-                replicas[pi] = reps
-            t_sync = max(t_sync, max(times))
-        return t_sync, replicas
-
-    def _stage_starts(self, p) -> tuple[int, ...]:
-        """A pipeline's first layer per stage, cached by identity (the entry holds the pipeline alive)."""
-        hit = self._starts.get(id(p))
-        if hit is None:
-            if len(self._starts) >= IDENTITY_CACHE_SIZE:
-                self._starts.clear()
-            hit = self._starts[id(p)] = (p, tuple(st.layers[0] for st in p.stages))
-        return hit[1]
-
-    def _group_leader_nodes(self, st: Stage) -> tuple[tuple[str, int], ...]:
-        """(node, count) of the first device of each of the stage's TP groups (they join the DP rings)."""
-        key = (st.devices, st.tp)
-        hit = self._leader_nodes.get(key)
-        if hit is None:
-            c: dict[str, int] = defaultdict(int)
-            for grp in st.groups():
-                c[self._dev_node[grp[0]]] += 1
-            hit = self._leader_nodes[key] = tuple(c.items())
-        return hit
+                                 zero_shards if plan.zero_stage >= 1 else 1, replicated, st.recompute,
+                                 st.recompute_layers, st.sequence_parallel, plan.zero_stage)
 
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
@@ -437,7 +277,8 @@ class CostModel:
         hit = self._pipe_ids.get(ids)
         if hit is not None:  # the entry holds those stages alive, so equal ids are the same (frozen) stages
             return hit[1]
-        key = tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute) for st in p.stages)
+        key = (tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute, st.recompute_layers,
+                      st.sequence_parallel) for st in p.stages), p.virtual_stages)
         sig = self._pipe_sigs.get(key)
         if sig is None:
             sig = self._pipe_sigs[key] = self._new_pipeline_signature(p)
@@ -452,8 +293,9 @@ class CostModel:
         parts = []
         for st in p.stages:
             ids = tuple(local.setdefault(dev_node[d], len(local)) for d in st.devices)
-            parts.append((st.layers, st.tp, st.dp_size, st.ep, st.recompute, ids))
-        return tuple(parts), tuple(self._node_class[n] for n in local)
+            parts.append((st.layers, st.tp, st.dp_size, st.ep, st.recompute, st.recompute_layers,
+                          st.sequence_parallel, ids))
+        return tuple(parts), tuple(self._node_class[n] for n in local), p.virtual_stages
 
     # ---- the estimate ---------------------------------------------------------------------------
     def estimate(self, plan: Plan, validate: bool = True, source: str = "") -> Estimate:
@@ -463,11 +305,18 @@ class CostModel:
         model = self.resolve_model(plan)
         if validate:
             validate_plan(plan, self.cluster, model, source)
-        if uses_v2(plan) and (bad := unpriced_features(plan, PRICED_V2_FEATURES)):
+        v2 = uses_v2(plan)
+        z3 = plan.zero_stage == 3
+        if z3 and any(p.virtual_stages > 1 for p in plan.pipelines):  # the first v2 field in document order
+            raise InputError(source, "zero_stage", "not priced yet by this version's cost model (ZeRO stage 3 with "
+                                                   "virtual_stages)")
+        if v2 and (bad := unpriced_features(plan, PRICED_V2_FEATURES)):
             raise InputError(source, bad[0][0], f"not priced yet by this version's cost model ({FEATURES[bad[0][1]]})")
         devs = self.cluster.devices
         prec = plan.precision
-        t_sync, replicas = self._sync(model, plan)
+        t_sync, replicas, stage_sync = self._sync(model, plan)
+        overlap = plan.overlap_grad_reduce or plan.overlap_param_gather
+        exposed = 0.0
         parts: list[tuple] = []
         max_mem = 0.0
         fits = True
@@ -480,13 +329,15 @@ class CostModel:
             mbs = plan.mbs(p)
             reps = replicas[pi]
             key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
-                   plan.sequence_length, plan.zero_stage)
+                   plan.sequence_length, plan.zero_stage,
+                   (stage_sync[pi], plan.overlap_param_gather, plan.overlap_grad_reduce) if z3 else None)
             if key not in shapes:
                 shapes.add(key)
                 self.estimated_cells += S * min(p.micro_batches, 4 * S + 64)
             hit = self._pipe_cache.get(key)
             if hit is None:
-                hit = self._pipe_cache[key] = self._price_pipeline(model, plan, p, mbs, reps)
+                hit = self._pipe_cache[key] = self._price_pipeline(model, plan, p, mbs, reps,
+                                                                            stage_sync[pi] if z3 else None)
             rows, send_f, send_b, T, mems, opt, out_rows, n_devs, pipe_fits, pipe_max = hit
             t_opt = max(t_opt, opt)
             fits = fits and pipe_fits
@@ -494,9 +345,13 @@ class CostModel:
             self.estimated_stages += S
             self.estimated_devices += n_devs
             parts.append((pi, p, out_rows, mems))
+            if overlap:
+                exposed = max(exposed, self._exposed_sync(model, plan, p, rows, stage_sync[pi]))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
-        iteration = worst_pp + t_sync + t_opt
+        if z3:  # gradients reduce-scattered per micro-batch, inside the pipeline (zero_comm_s)
+            t_sync = exposed = 0.0
+        iteration = worst_pp + (exposed if overlap else t_sync) + t_opt
         # breakdown of the critical pipeline, by its bottleneck stage
         pi, rows, send_f, send_b, m = crit
         b_idx = max(range(len(rows)), key=lambda i: rows[i][0] + rows[i][1] + send_f[i] + send_b[i])
@@ -505,14 +360,19 @@ class CostModel:
         tp_s = m * r[3]
         ep_s = m * r[4]
         p2p_s = m * (send_f[b_idx] + send_b[b_idx])
-        bubble = max(0.0, worst_pp - compute_s - tp_s - ep_s - p2p_s)
+        zc = m * r[8] if z3 else 0.0
+        bubble = max(0.0, worst_pp - compute_s - tp_s - ep_s - p2p_s - zc)
         scale = 1.0
-        if compute_s + tp_s + ep_s + p2p_s > worst_pp:
-            scale = worst_pp / (compute_s + tp_s + ep_s + p2p_s)
+        if compute_s + tp_s + ep_s + p2p_s + zc > worst_pp:
+            scale = worst_pp / (compute_s + tp_s + ep_s + p2p_s + zc)
         breakdown = {
             "compute_s": compute_s * scale, "pipeline_bubble_s": bubble, "p2p_s": p2p_s * scale,
             "tp_comm_s": tp_s * scale, "dp_sync_s": t_sync, "ep_comm_s": ep_s * scale, "optimizer_s": t_opt,
         }
+        if v2:  # formats v2 section 9
+            breakdown["recompute_s"] = m * r[7] * scale
+            breakdown["dp_sync_exposed_s"] = exposed if overlap else t_sync
+            breakdown["zero_comm_s"] = zc * scale
         gbs = plan.global_batch_size
         tokens = gbs * plan.sequence_length
         flops = self._dev_flops.get(prec)
@@ -524,70 +384,3 @@ class CostModel:
             model_flops_per_s=model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration,
             device_flops=flops, device_prices=self._prices,
         )
-
-    def _price_pipeline(self, model: ModelSpec, plan: Plan, p, mbs: int, reps: tuple[int, ...]) -> tuple:
-        """Per stage times and (memory, capacity), the transfers and the schedule's time of one pipeline."""
-        devs = self.cluster.devices
-        S = len(p.stages)
-        rows = [self._stage(model, st, si == 0, si == S - 1, mbs, plan) for si, st in enumerate(p.stages)]
-        act = mbs * plan.sequence_length * model.hidden_size * act_bytes(plan.precision)
-        send_f = [0.0] * S
-        send_b = [0.0] * S
-        for si in range(S - 1):
-            t = self.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
-            send_f[si] = t
-            send_b[si + 1] = t
-        T = pipeline_time(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(send_f),
-                          tuple(send_b), p.micro_batches, plan.schedule)
-        mems = []
-        for si, st in enumerate(p.stages):
-            D = reps[si]
-            mem = self._memory(model, plan, st, si, S, p.micro_batches, mbs, D, D > 1)
-            mems.append((mem, min(devs[d].gpu.memory_bytes for d in st.devices)))
-        # what every pipeline of this signature reports per stage (its StageEstimate after the indices)
-        out_rows = [(r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1], r[2], r[3], r[4], send_f[si],
-                     send_b[si], mem.total, cap, r[6])
-                    for si, (st, r, (mem, cap)) in enumerate(zip(p.stages, rows, mems))]
-        return (rows, send_f, send_b, T, mems, self._pipeline_optimizer_time(model, plan, p, reps), out_rows,
-                sum(len(st.devices) for st in p.stages), all(r[12] <= r[13] for r in out_rows),
-                max(r[12] for r in out_rows))
-
-    def _optimizer_time(self, model: ModelSpec, plan: Plan, replicas: dict[tuple[int, int], int]) -> float:
-        """Adam step: HBM traffic over the parameters each device updates (ZeRO-1: its shard)."""
-        return max((self._pipeline_optimizer_time(model, plan, p, tuple(replicas.get((pi, si), 1)
-                                                                         for si in range(len(p.stages))))
-                    for pi, p in enumerate(plan.pipelines)), default=0.0)
-
-    def _pipeline_optimizer_time(self, model: ModelSpec, plan: Plan, p, reps: tuple[int, ...]) -> float:
-        cal = self.cal.memory
-        per_param = cal.optimizer_bytes_per_param_fp32 if plan.precision == "fp32" else cal.optimizer_bytes_per_param_mixed
-        worst = 0.0
-        devs = self.cluster.devices
-        S = len(p.stages)
-        for si, st in enumerate(p.stages):
-            params = _stage_params_cached(model, st.layers[0], st.layers[1], si == 0, si == S - 1, S, st.tp, st.ep)
-            if plan.zero_stage == 1:
-                params /= reps[si]
-            hbm = min(devs[d].gpu.hbm_bandwidth for d in st.devices)
-            worst = max(worst, params * per_param / (hbm * cal.optimizer_hbm_efficiency))
-        return worst
-
-
-_PARAMS_CACHE: dict[tuple, float] = {}
-_ACTS_CACHE: dict[tuple, float] = {}
-
-
-def _block_acts_cached(model: ModelSpec, a: int, z: int, seq: int, b: float, tp: int, precision: str, cal) -> float:
-    key = (model.key, a, z, seq, b, tp, precision, cal)
-    v = _ACTS_CACHE.get(key)
-    if v is None:
-        v = _ACTS_CACHE[key] = sum(block_activation_bytes(model, i, seq, b, tp, precision, cal) for i in range(a, z))
-    return v
-
-
-def _stage_params_cached(model: ModelSpec, a: int, b: int, first: bool, last: bool, S: int, tp: int, ep: int) -> float:
-    key = (model.key, a, b, first, last, S, tp, ep)
-    v = _PARAMS_CACHE.get(key)
-    if v is None:
-        v = _PARAMS_CACHE[key] = stage_params(model, a, b, first, last, S, tp, ep)
-    return v

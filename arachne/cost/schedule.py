@@ -113,3 +113,121 @@ def in_flight(stage: int, num_stages: int, m: int, schedule: str) -> int:
     if schedule == "gpipe":
         return m
     return min(num_stages - stage, m)
+
+
+# ---- interleaved 1F1B (Megatron's virtual pipeline) ---------------------------------------------
+
+@lru_cache(maxsize=4096)
+def interleaved_ops(num_stages: int, v: int, m: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per stage, the ordered (kind, chunk, micro-batch) operations of Megatron-LM's interleaved 1F1B
+    (``megatron/core/pipeline_parallel/schedules.py``, forward_backward_pipelining_with_interleaving):
+    the k-th forward of a stage runs chunk ``(k // S) % v`` of micro-batch ``(k // (S v)) S + k % S``,
+    backwards likewise with the chunks reversed; stage s warms up with ``(S - s - 1) * 2 + (v - 1) * S``
+    forwards, then alternates one forward / one backward, then cools down. ``m`` is a multiple of S."""
+    S = num_stages
+    total = m * v
+
+    def mb(k: int) -> int:
+        return (k // (S * v)) * S + k % S
+
+    out = []
+    for s in range(S):
+        w = min((S - s - 1) * 2 + (v - 1) * S, total)
+        fw = [(FWD, (k // S) % v, mb(k)) for k in range(total)]
+        bw = [(BWD, v - 1 - (k // S) % v, mb(k)) for k in range(total)]
+        ops = fw[:w]
+        for i in range(total - w):
+            ops.append(fw[w + i])
+            ops.append(bw[i])
+        ops += bw[total - w:]
+        out.append(tuple(ops))
+    return tuple(out)
+
+
+def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[float, ...], ...],
+                         send_fwd: tuple[tuple[float, ...], ...], send_bwd: tuple[tuple[float, ...], ...],
+                         m: int) -> float:
+    """Makespan of one interleaved pipeline. ``fwd[s][c]``/``bwd[s][c]``: chunk c of stage s per
+    micro-batch; ``send_fwd[s][c]``: its output to the next chunk in model order (stage s+1 chunk c, or,
+    from the last stage, stage 0 chunk c+1: the transfer that crosses back); ``send_bwd[s][c]``: its input
+    gradient to the previous chunk (stage s-1 chunk c, or from stage 0 to stage S-1 chunk c-1). Sends
+    occupy the sender, as in :func:`simulate`."""
+    S, v = len(fwd), len(fwd[0])
+    ops = interleaved_ops(S, v, m)
+    f_done = [[[-1.0] * m for _ in range(v)] for _ in range(S)]  # arrival of F(s, c, j)'s output downstream
+    b_done = [[[-1.0] * m for _ in range(v)] for _ in range(S)]  # arrival of B(s, c, j)'s output upstream
+    own_f = [[[-1.0] * m for _ in range(v)] for _ in range(S)]
+    free = [0.0] * S
+    ptr = [0] * S
+    remaining = sum(len(o) for o in ops)
+    last = S - 1
+    while remaining:
+        progressed = False
+        for s in range(S):
+            o, p, t = ops[s], ptr[s], free[s]
+            n = len(o)
+            while p < n:
+                kind, c, j = o[p]
+                if kind == FWD:
+                    if s or c:
+                        ready = f_done[s - 1][c][j] if s else f_done[last][c - 1][j]
+                        if ready < 0:
+                            break
+                        t = max(t, ready)
+                    t += fwd[s][c]
+                    own_f[s][c][j] = t
+                    t += send_fwd[s][c]
+                    f_done[s][c][j] = t
+                else:
+                    if s < last or c < v - 1:
+                        ready = b_done[s + 1][c][j] if s < last else b_done[0][c + 1][j]
+                        if ready < 0:
+                            break
+                        t = max(t, ready)
+                    if own_f[s][c][j] < 0:  # pragma: no cover - the order above never does this
+                        raise RuntimeError("backward before its forward")
+                    t += bwd[s][c]
+                    t += send_bwd[s][c]
+                    b_done[s][c][j] = t
+                p += 1
+            if p != ptr[s]:
+                remaining -= p - ptr[s]
+                ptr[s] = p
+                free[s] = t
+                progressed = True
+        if not progressed:  # pragma: no cover - the schedule is deadlock-free
+            raise RuntimeError("interleaved pipeline schedule deadlocked")
+    return max(free)
+
+
+def interleaved_time(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[float, ...], ...],
+                     send_fwd: tuple[tuple[float, ...], ...], send_bwd: tuple[tuple[float, ...], ...],
+                     m: int) -> float:
+    """Makespan for ``m`` micro-batches (a multiple of S); long runs extrapolated from two shorter
+    simulations once periodic, as :func:`pipeline_time` does."""
+    S, v = len(fwd), len(fwd[0])
+    m1 = S * max(1, -(-max(48, 6 * S * v + 16) // S))
+    m2 = 2 * m1
+    if m <= m2:
+        return _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m)
+    t1 = _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m1)
+    t2 = _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m2)
+    return t2 + (m - m2) * (t2 - t1) / (m2 - m1)
+
+
+@lru_cache(maxsize=16384)
+def _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m) -> float:
+    return simulate_interleaved(fwd, bwd, send_fwd, send_bwd, m)
+
+
+def interleaved_in_flight(stage: int, num_stages: int, v: int, m: int) -> tuple[int, ...]:
+    """Per chunk, the micro-batches whose activations stage ``stage`` holds at its peak (the end of its
+    warm-up plus the first steady forward: ``(S - s - 1) * 2 + (v - 1) * S + 1`` chunk forwards, as
+    Megatron's interleaved schedule runs them; the first stage holds the most)."""
+    ops = interleaved_ops(num_stages, v, m)[stage]
+    w = min((num_stages - stage - 1) * 2 + (v - 1) * num_stages + 1, m * v)
+    counts = [0] * v
+    for kind, c, _ in ops[: 2 * w]:
+        if kind == FWD and sum(counts) < w:
+            counts[c] += 1
+    return tuple(counts)

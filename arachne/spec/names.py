@@ -67,8 +67,9 @@ def display_name(name: str) -> str:
     """A pydantic ``AfterValidator`` for a name that is only shown: one line of printable text."""
     if not name or len(name) > MAX_DISPLAY_LENGTH:
         raise ValueError(f"a name must have 1 to {MAX_DISPLAY_LENGTH} characters")
-    if _CONTROL.search(name):
-        raise ValueError(f"name {_shown(name)} contains a control character (a newline, an escape, ...)")
+    if _CONTROL.search(name) or not name.isprintable():
+        raise ValueError(f"name {_shown(name)} contains a control character (a newline, an escape, ...) or "
+                         "a character that cannot be shown")
     return name
 
 

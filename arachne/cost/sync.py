@@ -1,0 +1,167 @@
+"""Data-parallel gradient synchronisation: the all-reduce among every group holding the same layers
+(across pipelines of different structure), priced hierarchically on the network model."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import defaultdict
+
+from arachne.plan import Plan, Stage
+from arachne.spec.model import ModelSpec
+
+IDENTITY_CACHE_SIZE = 100_000  # entries of the caches keyed by stage identity (each holds its stages alive)
+
+
+class SyncMixin:
+    """CostModel's gradient-sync part (uses ``self.network``, ``self._sync_cache``, ``self._starts``,
+    ``self._leader_nodes``, ``self._dev_node``)."""
+
+    def _sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]], list[tuple[float, ...]]]:
+        """The gradient all-reduce time (the slowest stage's), per pipeline the number of replicas of each
+        stage's layers, and per pipeline each stage's sync time.
+        Cached by the identity of the plan's stage objects (a search re-prices the same stages with other
+        micro-batch counts and sizes); the entry holds them alive, so equal ids are the same stages."""
+        key = (model.key, plan.precision, tuple(tuple(map(id, p.stages)) for p in plan.pipelines))
+        hit = self._sync_cache.get(key)
+        if hit is None:
+            if len(self._sync_cache) >= IDENTITY_CACHE_SIZE:
+                self._sync_cache.clear()
+            hit = self._sync_cache[key] = ([p.stages for p in plan.pipelines], self._new_sync(model, plan))
+        return hit[1]
+
+    def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]], list[tuple[float, ...]]]:
+        prec = plan.precision
+        grad_b = 4.0 if prec == "fp32" else 2.0
+        L = model.num_layers
+        # segment boundaries: every stage boundary of every pipeline
+        pipes = [_SyncView.of(p) for p in plan.pipelines]  # interleaved: one pseudo-stage per chunk
+        starts = [tuple(st.layers[0] for st in v.stages) if v.fold else self._stage_starts(v.pipe) for v in pipes]
+        bounds = sorted({0, L}.union(*starts))
+        # pipelines with the same stage boundaries hold the same layers stage by stage: aggregate them
+        shapes: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        for pi, st_starts in enumerate(starts):
+            shapes.setdefault((st_starts, pipes[pi].fold), []).append(pi)
+        agg = []  # per shape, per stage: (dp sum, min tp, max tp, min ep, max ep, leader nodes)
+        for (st_starts, _), pis in shapes.items():
+            rows = []
+            for si in range(len(st_starts)):
+                sts = [pipes[pi].stages[si] for pi in pis]
+                nodes: dict[str, int] = defaultdict(int)
+                for st in sts:
+                    for n, k in self._group_leader_nodes(st):
+                        nodes[n] += k
+                tps, eps = [st.tp for st in sts], [st.ep for st in sts]
+                rows.append((sum(st.dp_size for st in sts), min(tps), max(tps), min(eps), max(eps), nodes))
+            agg.append((st_starts, rows, [0] * len(st_starts), [0.0] * len(st_starts)))
+        for lo, hi in itertools.pairwise(bounds):
+            held = [(k, bisect.bisect_right(a[0], lo) - 1) for k, a in enumerate(agg)]
+            parts = [agg[k][1][si] for k, si in held]
+            D = sum(r[0] for r in parts)
+            for k, si in held:
+                mins = agg[k][2]
+                mins[si] = D if mins[si] == 0 else min(mins[si], D)
+            if D <= 1:
+                continue
+            min_tp = min(r[1] for r in parts)
+            max_tp = max(r[2] for r in parts)
+            dense = sum(model.block_params(i) - model.block_expert_params(i) for i in range(lo, hi))
+            expert = sum(model.block_expert_params(i) for i in range(lo, hi))
+            if lo == 0:
+                dense += model.embedding_params(min_tp)
+            if hi == L:
+                dense += model.head_params(min_tp)
+            if len(parts) == 1:
+                nodes = parts[0][5]
+            else:
+                nodes = defaultdict(int)
+                for r in parts:
+                    for n, k in r[5].items():
+                        nodes[n] += k
+            t = self.network.ring_all_reduce_time(D, nodes, dense / min_tp * grad_b, concurrent=max_tp)
+            if expert:
+                ep = max(r[4] for r in parts)
+                ep_bytes = expert / (min_tp * min(r[3] for r in parts)) * grad_b
+                if ep > 1:  # the expert rings: every ep-th group leader, in pipeline order
+                    groups = []
+                    for pi, p in enumerate(pipes):
+                        groups += p.stages[bisect.bisect_right(starts[pi], lo) - 1].groups()
+                    t += self.network.all_reduce_time([grp[0] for grp in groups][::ep], ep_bytes, concurrent=max_tp)
+                else:
+                    t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, concurrent=max_tp)
+            for k, si in held:
+                agg[k][3][si] += t
+        replicas: list[tuple[int, ...]] = [()] * len(plan.pipelines)
+        stage_times: list[tuple[float, ...]] = [()] * len(plan.pipelines)
+        t_sync = 0.0
+        for (_, _, mins, times), pis in zip(agg, shapes.values()):
+            fold = pipes[pis[0]].fold
+            if fold:  # an interleaved stage syncs its chunks one after another, on the same devices
+                mins = [min(mins[c * fold + si] for c in range(len(mins) // fold)) for si in range(fold)]
+                times = [sum(times[c * fold + si] for c in range(len(times) // fold)) for si in range(fold)]
+            reps = tuple(mins)
+            for pi in pis:
+                replicas[pi] = reps
+                stage_times[pi] = tuple(times)
+            t_sync = max(t_sync, max(times))
+        return t_sync, replicas, stage_times
+
+    def _stage_starts(self, p) -> tuple[int, ...]:
+        """A pipeline's first layer per stage, cached by identity (the entry holds the pipeline alive)."""
+        hit = self._starts.get(id(p))
+        if hit is None:
+            if len(self._starts) >= IDENTITY_CACHE_SIZE:
+                self._starts.clear()
+            hit = self._starts[id(p)] = (p, tuple(st.layers[0] for st in p.stages))
+        return hit[1]
+
+    def _group_leader_nodes(self, st: Stage) -> tuple[tuple[str, int], ...]:
+        """(node, count) of the first device of each of the stage's TP groups (they join the DP rings)."""
+        key = (st.devices, st.tp)
+        hit = self._leader_nodes.get(key)
+        if hit is None:
+            c: dict[str, int] = defaultdict(int)
+            for grp in st.groups():
+                c[self._dev_node[grp[0]]] += 1
+            hit = self._leader_nodes[key] = tuple(c.items())
+        return hit
+
+
+class _SyncView:
+    """A pipeline as the gradient sync sees it: its stages, or for an interleaved pipeline (``fold`` = its
+    stage count) one pseudo-stage per chunk in model order, on the chunk's stage's devices."""
+
+    __slots__ = ("fold", "pipe", "stages")
+
+    def __init__(self, pipe, stages, fold: int):
+        self.pipe, self.stages, self.fold = pipe, stages, fold
+
+    @staticmethod
+    def of(p):
+        if p.virtual_stages == 1:
+            return _SyncView(p, p.stages, 0)
+        S = len(p.stages)
+        chunks = tuple(p.stages[si].model_copy(update={"layers": p.stages[si].ranges[c]})
+                       for c in range(p.virtual_stages) for si in range(S))
+        return _SyncView(p, chunks, S)
+
+
+MEGATRON_BUCKET_PARAMS = 40_000_000
+"""Megatron-LM's default gradient bucket (``DistributedDataParallelConfig.bucket_size``: max(40M, 1M x dp)
+parameters; megatron/core/distributed/distributed_data_parallel.py); we use the 40M floor."""
+
+
+def exposed_sync(t: float, params: float, bwd_window: float, fwd_window: float, zero: bool,
+                 overlap_grad: bool, overlap_param: bool) -> float:
+    """The part of one stage's gradient sync ``t`` (seconds, for ``params`` parameters per device) not hidden by
+    overlap. With a sharded optimizer (``zero``) the sync is a reduce-scatter and an all-gather of equal
+    bytes (half each on the ring); without, one all-reduce (the reduce part). The reduction overlaps the
+    last micro-batch's backward (``bwd_window``) bucket by bucket, all but the last bucket; the parameter
+    gather overlaps the next iteration's forward up to this stage (``fwd_window``), all but the first bucket."""
+    frac = min(1.0, MEGATRON_BUCKET_PARAMS / params) if params > 0 else 1.0
+    rs, ag = (t / 2, t / 2) if zero else (t, 0.0)
+    if overlap_grad:
+        rs = max(rs * frac, rs - bwd_window)
+    if overlap_param:
+        ag = max(ag * frac, ag - fwd_window)
+    return rs + ag
