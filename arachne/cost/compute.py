@@ -22,6 +22,12 @@ def act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def core_precision(precision: str) -> str:
+    """The precision of the work FP8 training leaves in bf16 (attention core, router, output layer, element-wise
+    ops): Transformer Engine runs only its Linear GEMMs in fp8 (docs/cost-model.md, "FP8")."""
+    return "bf16" if precision == "fp8" else precision
+
+
 def uses_flash_attention(precision: str) -> bool:
     """FlashAttention kernels exist for fp16/bf16 only; fp32 training materialises scores."""
     return precision != "fp32"
@@ -65,10 +71,12 @@ class ComputeModel:
         return flops / (peak * c.e_max * flops / (flops + c.w_half))
 
     def analytic_block(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                       ep: int, moe: bool) -> tuple[float, float]:
-        """Forward and backward seconds of one block (TP communication excluded)."""
+                       ep: int, moe: bool, etp: int | None = None) -> tuple[float, float]:
+        """Forward and backward seconds of one block (TP communication excluded); ``etp``: the routed experts'
+        own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``."""
         c = self.cal
-        peak = gpu.peak_flops(precision)
+        peak = gpu.peak_flops(precision)  # the Linear GEMMs (fp8 rate under fp8)
+        core = gpu.peak_flops(core_precision(precision))  # attention core and router stay bf16 under fp8
         h, a = model.hidden_size, model.num_attention_heads
         tokens = b * seq
         ab = act_bytes(precision)
@@ -78,16 +86,20 @@ class ComputeModel:
             gemm += self._gemm(2 * tokens * i * o / (tp if split else 1), peak)
         # scores: two batched GEMMs of (a/tp) heads, s x s x head_dim (q.k) and s x s x v_dim (scores.v)
         if model.v_dim == model.head_dim:
-            gemm += 2 * self._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
+            gemm += 2 * self._gemm(2 * b * a / tp * seq * seq * model.head_dim, core)
         else:
-            gemm += self._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
-            gemm += self._gemm(2 * b * a / tp * seq * seq * model.v_dim, peak)
+            gemm += self._gemm(2 * b * a / tp * seq * seq * model.head_dim, core)
+            gemm += self._gemm(2 * b * a / tp * seq * seq * model.v_dim, core)
         elem = c.elementwise_passes * tokens * h * ab * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
         if moe:
             k, E = model.experts_top_k, model.num_experts
-            tok_e = tokens * k * ep / E
-            gemm += (E / ep) * mats * self._gemm(2 * tok_e * h * model.expert_ffn / tp, peak)
-            gemm += self._gemm(2 * tokens * h * E, peak)
+            if etp is None:
+                tok_e = tokens * k * ep / E
+                gemm += (E / ep) * mats * self._gemm(2 * tok_e * h * model.expert_ffn / tp, peak)
+            else:  # one expert's tokens over its edp = n/(ep etp) replicas; the stage's n devices hold n/tp x tokens
+                tok_e = tokens * k * ep * etp / (E * tp)
+                gemm += (E / ep) * mats * self._gemm(2 * tok_e * h * model.expert_ffn / etp, peak)
+            gemm += self._gemm(2 * tokens * h * E, core)  # router
             if model.num_shared_experts:
                 width = model.shared_expert_ffn_hidden_size or model.expert_ffn * model.num_shared_experts
                 gemm += mats * self._gemm(2 * tokens * h * width / tp, peak)
@@ -112,21 +124,21 @@ class ComputeModel:
         emb_f = 3 * tokens * h * ab / hbm + 2 * self.cal.kernel_launch_s
         emb_b = 2 * emb_f
         logits = 2 * tokens * h * V / tp
-        peak = gpu.peak_flops(precision)
+        peak = gpu.peak_flops(core_precision(precision))  # the output layer is not a TE Linear: bf16 under fp8
         loss_elem = 6 * tokens * V / tp * 4
         head_f = self._gemm(logits, peak) + (loss_elem + 2 * tokens * h * ab) / hbm + 4 * self.cal.kernel_launch_s
         head_b = 2 * self._gemm(logits, peak) + loss_elem / hbm + 4 * self.cal.kernel_launch_s
         return emb_f, emb_b, head_f, head_b
 
     def _analytic(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                  ep: int) -> LayerCosts:
+                  ep: int, etp: int | None = None) -> LayerCosts:
         L = model.num_layers
         fwd = np.zeros(L + 1)
         bwd = np.zeros(L + 1)
         dense = moe = None
         for i in range(L):
             if model.moe_layers[i]:
-                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True)
+                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp)
                 f, bw = moe
             else:
                 dense = dense or self.analytic_block(model, gpu, precision, seq, b, tp, ep, False)
@@ -166,9 +178,9 @@ class ComputeModel:
                           source, True, opt)
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                    ep: int = 1, tp_comm=None) -> LayerCosts:
+                    ep: int = 1, tp_comm=None, etp: int | None = None) -> LayerCosts:
         """Per-layer costs; ``tp_comm(tp)`` gives one block's fwd TP traffic time for scaling profiles."""
-        key = (model.key, gpu.name, precision, seq, b, tp, ep)
+        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -176,6 +188,6 @@ class ComputeModel:
         if not model.is_moe:
             costs = self._profiled(model, gpu, precision, seq, b, tp, tp_comm or (lambda t: 0.0))
         if costs is None:
-            costs = self._analytic(model, gpu, precision, seq, b, tp, ep)
+            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp)
         self._cache[key] = costs
         return costs

@@ -57,6 +57,7 @@ class Estimate:
     model_flops_per_s: float = field(default=0.0, repr=False, compare=False)  # MFU's numerator
     device_flops: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  # peak FLOP/s by device
     device_prices: dict[str, float | None] = field(default_factory=dict, repr=False, compare=False)  # USD/GPU-hour
+    pricer: Any = field(default=None, repr=False, compare=False)  # the CostModel that priced it (timelines)
     _built: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _build(self) -> tuple:

@@ -6,10 +6,23 @@ and the activation split of sequence parallelism. Sources and what is ignored: d
 from __future__ import annotations
 
 from arachne.cost.calibration import MemoryCalibration
-from arachne.cost.compute import ComputeModel, act_bytes, uses_flash_attention
+from arachne.cost.compute import (
+    ComputeModel,
+    act_bytes,
+    core_precision,
+    uses_flash_attention,
+)
 from arachne.cost.memory import block_activation_bytes
 from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
+
+
+def expert_tp(st) -> int | None:
+    """The stage's expert tensor parallelism when it differs from tp or cp > 1 (priced as ``ep x etp x edp``), else
+    None: ``etp`` equal to ``tp`` is version 1's spelling and priced exactly as version 1."""
+    if st.cp > 1 or (st.etp is not None and st.etp != st.tp):
+        return st.etp_size  # with cp > 1 Megatron's expert layout is ep x etp x edp over dp x cp x tp
+    return None
 
 
 def recompute_mode(st) -> str:
@@ -45,7 +58,7 @@ def attention_core_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, pr
     """Forward seconds of one block's attention core (the two score GEMMs, plus the softmax/dropout passes
     over the score matrix without flash attention): what selective recomputation runs again in backward.
     Same terms as :meth:`ComputeModel.analytic_block`."""
-    peak = gpu.peak_flops(precision)
+    peak = gpu.peak_flops(core_precision(precision))  # the attention core stays bf16 under fp8
     a = model.num_attention_heads
     gemm = compute._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
     gemm += compute._gemm(2 * b * a / tp * seq * seq * model.v_dim, peak)
@@ -64,12 +77,74 @@ def score_bytes(model: ModelSpec, seq: int, b: float, tp: int, precision: str) -
 
 
 def block_acts_v2(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str,
-                  cal: MemoryCalibration, sp: bool, selective: bool) -> float:
+                  cal: MemoryCalibration, sp: bool, selective: bool, etp: int | None = None) -> float:
     """:func:`block_activation_bytes` with sequence parallelism (the activations outside the tp-split
     GEMMs, ``act_replicated_sh * s b h``, split over tp) and selective recomputation (no score term)."""
-    v = block_activation_bytes(model, index, seq, b, tp, precision, cal)
+    v = block_activation_bytes(model, index, seq, b, tp, precision, cal, etp)
     if sp and tp > 1:
         v -= seq * b * cal.act_replicated_sh * model.hidden_size * act_bytes(precision) * (1 - 1 / tp)
     if selective:
         v -= score_bytes(model, seq, b, tp, precision)
     return v
+
+
+TE_AMAX_HISTORY_LEN = 1024
+"""Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe/__init__.py,
+TE 1.x-2.x); Megatron-LM's ``--fp8-amax-history-len`` defaults to 1, so this is the larger of the two."""
+FP8_WEIGHT_COPY_BYTES = 2.0
+"""Per GEMM weight under fp8: Transformer Engine's cached fp8 cast of the bf16 weight (1 byte) and its
+transpose for the backward GEMMs (1 byte; Hopper's fp8 GEMMs take only the TN layout), kept across the
+micro-batches of an iteration (``is_first_microbatch``; TE ``Float8Tensor`` with ``_transpose``)."""
+
+
+def fp8_gemm_count(model: ModelSpec, index: int, ep: int) -> int:
+    """TE Linear GEMMs in block ``index`` on one device: the attention projections, the MLP's matrices (per
+    local expert and per shared-expert MLP in an MoE block)."""
+    mats = model.mlp_matrices
+    n = len(model.attention_gemms)
+    if model.moe_layers[index]:
+        return n + mats * (max(1, model.num_experts // ep) + (1 if model.num_shared_experts else 0))
+    return n + mats
+
+
+def fp8_extra_state_bytes(model: ModelSpec, gemm_params: float, a: int, z: int, ep: int) -> float:
+    """Bytes fp8 training adds to the bf16 weights + fp32 master/optimizer state of one device holding
+    ``gemm_params`` block parameters (blocks ``[a, z)``): the fp8 weight copy and transpose
+    (:data:`FP8_WEIGHT_COPY_BYTES` per parameter; norms and biases, under 0.1% of a block, included) and
+    the scaling state, per GEMM three tensors (input, weight, output gradient) of an fp32 amax history of
+    :data:`TE_AMAX_HISTORY_LEN` plus scale and inverse scale."""
+    meta = sum(fp8_gemm_count(model, i, ep) for i in range(a, z)) * 3 * (TE_AMAX_HISTORY_LEN + 2) * 4
+    return gemm_params * FP8_WEIGHT_COPY_BYTES + meta
+
+
+def fp8_act_saving(model: ModelSpec, seq: int, b: float, tp: int, sp: bool) -> float:
+    """Bytes one block's saved activations shrink by under fp8: Transformer Engine's LayerNormLinear saves
+    its normalised output (the GEMM input, ``h`` per token, replicated over tp unless sequence parallel)
+    in fp8 (1 byte) rather than bf16 (2) for the two of them (QKV and fc1). Everything else keeps its
+    bf16 size: the attention core's q/k/v/output (fp8 attention is off by default), residuals, and the
+    fc2 input, which this model's per-block count does not separate (so fp8 memory errs high)."""
+    return 2 * seq * b * model.hidden_size * 1 / (tp if sp and tp > 1 else 1)
+
+
+def cp_kv_width(model: ModelSpec) -> int:
+    """Per-token elements of the keys and values a context-parallel ring passes on (all heads): grouped-query
+    K and V, or MLA's full per-head K (``head_dim``) and V (``v_dim``), as Megatron's CP sends them."""
+    if model.attention == "mha":
+        return 2 * model.kv_heads * model.head_dim
+    return model.num_attention_heads * (model.head_dim + model.v_dim)
+
+
+def cp_ring_exposed(network, compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int,
+                    b: float, tp: int, cp: int, groups, gi: int, bwd_over_fwd: float) -> tuple[float, float]:
+    """Exposed seconds of one block's context-parallel ring exchange (forward, backward) for TP group ``gi``
+    of a stage (``b``: sequences per rank already divided by cp). Forward: ``cp - 1`` steps, each passing the
+    local K/V chunk to the next rank while the step's attention (1/cp of the rank's core) runs; backward:
+    ``cp - 1`` steps carrying K/V and dK/dV (twice the bytes) behind the step's backward core. Per step the
+    exposed time is ``max(0, comm - compute)`` (ring attention, Liu et al., arXiv 2310.01889; Megatron-Core
+    ``AttnFuncWithCPAndKVP2P``). The ring's slowest hop prices a step."""
+    d = gi // cp
+    members = [list(groups[d * cp + j]) for j in range(cp)]
+    nbytes = b * seq * cp_kv_width(model) / tp * act_bytes(precision)
+    comm = max(network.p2p_time(members[j], members[(j + 1) % cp], nbytes * len(members[j])) for j in range(cp))
+    step = attention_core_fwd(compute, model, gpu, precision, seq, b, tp) / cp
+    return (cp - 1) * max(0.0, comm - step), (cp - 1) * max(0.0, 2 * comm - bwd_over_fwd * step)

@@ -26,12 +26,14 @@ class MemoryBreakdown:
 
 
 def stage_params(model: ModelSpec, a: int, b: int, first: bool, last: bool, num_stages: int,
-                 tp: int, ep: int) -> float:
-    """Parameters held by one device of a stage (TP-sharded; routed experts also EP-sharded)."""
+                 tp: int, ep: int, etp: int | None = None) -> float:
+    """Parameters held by one device of a stage (TP-sharded; routed experts EP- and ``etp``-sharded, ``etp``
+    None: ``tp``)."""
+    et = tp if etp is None else etp
     p = 0.0
     for i in range(a, b):
         expert, rep = model.block_expert_params(i), model.attention_replicated_params
-        p += (model.block_params(i) - expert - rep) / tp + rep + expert / (tp * ep)
+        p += (model.block_params(i) - expert - rep) / tp + rep + expert / (et * ep)
     if first:
         p += model.embedding_params(tp) / tp
     if last:
@@ -41,19 +43,20 @@ def stage_params(model: ModelSpec, a: int, b: int, first: bool, last: bool, num_
     return p
 
 
-def stage_expert_params(model: ModelSpec, a: int, b: int, tp: int, ep: int) -> float:
+def stage_expert_params(model: ModelSpec, a: int, b: int, tp: int, ep: int, etp: int | None = None) -> float:
     """The routed-expert part of :func:`stage_params` (held by ``1/ep`` of the stage's groups)."""
-    return sum(model.block_expert_params(i) for i in range(a, b)) / (tp * ep)
+    return sum(model.block_expert_params(i) for i in range(a, b)) / ((tp if etp is None else etp) * ep)
 
 
 def block_activation_bytes(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str,
-                           cal: MemoryCalibration) -> float:
-    """Activations one block keeps for backward, for ``b`` sequences, without recomputation."""
+                           cal: MemoryCalibration, etp: int | None = None) -> float:
+    """Activations one block keeps for backward, for ``b`` sequences, without recomputation (``etp``: each of
+    an expert's etp ranks receives its tokens whole, so the dispatched copies scale by ``etp / tp``)."""
     h = model.hidden_size
     mats = model.mlp_matrices
     if model.moe_layers[index]:
         k = model.experts_top_k
-        ffn = k * model.expert_ffn * (mats - 1) + 2 * k * h
+        ffn = k * model.expert_ffn * (mats - 1) + 2 * k * h * (1 if etp is None else etp / tp)
         if model.num_shared_experts:
             ffn += (model.shared_expert_ffn_hidden_size or model.expert_ffn * model.num_shared_experts) * (mats - 1)
     else:

@@ -13,8 +13,13 @@ from arachne.cost.calibration import DEFAULT_CALIBRATION, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
 from arachne.cost.estimate import Estimate, StageEstimate
 from arachne.cost.features import (
+    FP8_WEIGHT_COPY_BYTES,
     attention_core_fwd,
     block_acts_v2,
+    cp_ring_exposed,
+    expert_tp,
+    fp8_act_saving,
+    fp8_extra_state_bytes,
     recompute_mode,
     recomputed_blocks,
 )
@@ -45,7 +50,7 @@ from arachne.spec.model import ModelSpec
 BREAKDOWN_KEYS = ("compute_s", "pipeline_bubble_s", "p2p_s", "tp_comm_s", "dp_sync_s", "ep_comm_s", "optimizer_s")
 PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_parallel", "selective_recompute",
                                                 "recompute_layers", "overlap_grad_reduce",
-                                                "overlap_param_gather", "zero_stage"})
+                                                "overlap_param_gather", "zero_stage", "fp8", "etp", "cp"})
 # plan_rules.v2_fields_used features this cost model prices (zero_stage 3 with virtual_stages is refused)
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
@@ -94,14 +99,14 @@ class CostModel(SyncMixin, PipelineMixin):
         return m
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                    ep: int = 1) -> LayerCosts:
+                    ep: int = 1, etp: int | None = None) -> LayerCosts:
         """Per-layer times on one GPU type (what planners use as leaf costs)."""
         h = model.hidden_size
 
         def tp_comm(t: int) -> float:
             return self.tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
 
-        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm)
+        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp)
 
     def tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
         """Forward TP traffic of one block (two all-reduces) inside a node of ``gpu``."""
@@ -130,14 +135,17 @@ class CostModel(SyncMixin, PipelineMixin):
         a, z = st.layers if layers is None else layers
         mode = recompute_mode(st)
         k = rec_blocks if rec_blocks is not None else recomputed_blocks(st, z - a)
+        et = expert_tp(st)
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
-               mbs, plan.precision, plan.sequence_length)
+               mbs, plan.precision, plan.sequence_length, et, st.cp)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
         seq, prec = plan.sequence_length, plan.precision
         dp, tp, ep = st.dp_size, st.tp, st.ep
         b = mbs / dp
+        if st.cp > 1:  # b/cp full-length sequences: linear work b s/cp, attention core b s^2/cp (balanced halves)
+            b = b / st.cp
         h = model.hidden_size
         devs = self.cluster.devices
         groups = st.groups()
@@ -146,7 +154,7 @@ class CostModel(SyncMixin, PipelineMixin):
         worst = None
         for g in groups:
             gpu = _slowest([devs[d].gpu for d in g], prec)
-            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep)
+            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et)
             f, bw = lc.blocks(a, z)
             if first:
                 f += lc.emb_fwd
@@ -169,7 +177,11 @@ class CostModel(SyncMixin, PipelineMixin):
                 per = 2 * self.network.all_reduce_time(g, nbytes)
                 tp_f = per * (z - a) + (per / 2 if first else 0.0) + (per / 2 if last else 0.0)
             ep_f = 0.0
-            if ep > 1 and n_moe:
+            if et is not None and n_moe:  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
+                ring, conc = self._expert_a2a_ring(st, g[0], et)
+                nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
+                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=conc)
+            elif ep > 1 and n_moe:
                 idx = groups.index(g)
                 base = idx - idx % ep
                 ring = [groups[base + k2][0] for k2 in range(ep)]
@@ -182,46 +194,73 @@ class CostModel(SyncMixin, PipelineMixin):
                 ep_b = ep_f + (ep_f * sum(model.moe_layers[a:a + k]) / n_moe if n_moe else 0.0)
             else:
                 tp_b, ep_b = tp_f, ep_f
-            fwd, bwd = f + tp_f + ep_f, bw + tp_b + ep_b
+            cp_f = cp_b = 0.0
+            if st.cp > 1:  # the K/V ring per block, again for recomputed attention
+                one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
+                                               groups, groups.index(g), self.compute.cal.bwd_over_fwd)
+                redo = (z - a) if full or mode == "selective" else (k if mode == "full" else 0)
+                cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
+            fwd, bwd = f + tp_f + ep_f + cp_f, bw + tp_b + ep_b + cp_b
             cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, rec + (tp_b - tp_f) + (ep_b - ep_f))
+            if st.cp > 1:
+                cand = (*cand, 0.0, cp_f + cp_b)  # [8]: ZeRO-3's slot (pipeline.zero3_row), [9]: cp_comm
             if worst is None or fwd + bwd > worst[0] + worst[1]:
                 worst = cand
         self._stage_cache[key] = worst
         return worst
 
+    def _expert_a2a_ring(self, st: Stage, dev: str, etp: int) -> tuple[list[str], int]:
+        """The MoE all-to-all group of ``dev`` when the stage's devices are re-partitioned as ``ep x etp x edp``
+        (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many such groups share
+        its busiest node's network (the stage's devices there over the group's members there)."""
+        devices, ep = st.devices, st.ep
+        r = devices.index(dev)
+        block = r - r % (ep * etp)
+        ring = [devices[block + e * etp + r % etp] for e in range(ep)]
+        on_node: dict[str, int] = {}
+        for d in ring:
+            on_node[self._dev_node[d]] = on_node.get(self._dev_node[d], 0) + 1
+        stage_on = {n: sum(1 for d in devices if self._dev_node[d] == n) for n in on_node}
+        return ring, max(1, max(stage_on[n] // on_node[n] for n in on_node))
+
     # ---- memory ---------------------------------------------------------------------------------
     def stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
                      tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int,
                      zero_shards: int = 1, replicated: bool = False, recompute: bool | str = False,
-                     rec_blocks: int | None = None, sp: bool = False, zero_level: int = 1) -> MemoryBreakdown:
+                     rec_blocks: int | None = None, sp: bool = False, zero_level: int = 1,
+                     etp: int | None = None) -> MemoryBreakdown:
         """Bytes on one device of a stage holding ``layers`` with ``b`` sequences per micro-batch and
         ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``).
         Version 2: ``recompute`` may be ``"selective"``; with full recomputation ``rec_blocks`` (default all)
         leading blocks are recomputed; ``sp`` splits the non-GEMM activations over tp; ``zero_level`` 2 shards
         the gradients as well as the optimizer state over ``zero_shards``."""
         key = (model.key, layers, first, last, num_stages, tp, ep, b, in_flight_mbs, precision, seq, zero_shards,
-               replicated, recompute, rec_blocks, sp, zero_level)
+               replicated, recompute, rec_blocks, sp, zero_level, etp)
         hit = self._mem_cache.get(key)
         if hit is None:
             hit = self._mem_cache[key] = self._stage_memory(model, layers, first, last, num_stages, tp, ep, b,
                                                             in_flight_mbs, precision, seq, zero_shards, recompute,
-                                                            rec_blocks, sp, zero_level)
+                                                            rec_blocks, sp, zero_level, etp)
         return hit
 
     def _stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
                       tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int, zero_shards: int,
                       recompute: bool | str, rec_blocks: int | None = None, sp: bool = False,
-                      zero_level: int = 1) -> MemoryBreakdown:
+                      zero_level: int = 1, etp: int | None = None) -> MemoryBreakdown:
         cal = self.cal.memory
         a, z = layers
-        params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep)
+        params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep, etp)
         w, g, o = state_bytes_per_param(precision, cal)
         if precision == "fp32":
             g += cal.fp32_grad_buffer
         # ZeRO-1 shards optimizer state over the replicas of each parameter: every replica holds the
         # dense part, only 1/ep of them hold a given expert
-        expert = stage_expert_params(model, a, z, tp, ep) if ep > 1 else 0.0
-        opt_params = (params - expert) / max(1, zero_shards) + expert / max(1, zero_shards // ep)
+        if etp is None:
+            expert = stage_expert_params(model, a, z, tp, ep) if ep > 1 else 0.0
+            opt_params = (params - expert) / max(1, zero_shards) + expert / max(1, zero_shards // ep)
+        else:  # experts' replicas: edp = (the stage's devices zero_shards x tp) / (ep x etp)
+            expert = stage_expert_params(model, a, z, tp, ep, etp)
+            opt_params = (params - expert) / max(1, zero_shards) + expert / max(1, zero_shards * tp // (ep * etp))
         ab = act_bytes(precision)
         selective = recompute == "selective"
         k = 0 if not recompute or selective else (z - a if rec_blocks is None else min(rec_blocks, z - a))
@@ -229,20 +268,25 @@ class CostModel(SyncMixin, PipelineMixin):
         if v2:  # version 2 (docs/cost-model.md, "Version-2 features")
             split = tp if sp else 1
             per_mb = k * seq * b * model.hidden_size * ab / split
-            per_mb += sum(block_acts_v2(model, i, seq, b, tp, precision, cal, sp, selective) for i in range(a + k, z))
-            transient = max((block_acts_v2(model, i, seq, b, tp, precision, cal, sp, False) for i in range(a, a + k)),
+            per_mb += sum(block_acts_v2(model, i, seq, b, tp, precision, cal, sp, selective, etp) for i in range(a + k, z))
+            transient = max((block_acts_v2(model, i, seq, b, tp, precision, cal, sp, False, etp) for i in range(a, a + k)),
                             default=0.0)
             if first:
                 per_mb += seq * b * model.hidden_size * ab / split
         elif recompute:
             per_mb = (z - a) * seq * b * model.hidden_size * ab
-            transient = max((block_activation_bytes(model, i, seq, b, tp, precision, cal) for i in range(a, z)),
+            transient = max((block_activation_bytes(model, i, seq, b, tp, precision, cal, etp) for i in range(a, z)),
                             default=0.0)
         else:
-            per_mb = _block_acts_cached(model, a, z, seq, b, tp, precision, cal)
+            per_mb = _block_acts_cached(model, a, z, seq, b, tp, precision, cal, etp)
             transient = 0.0
         if first and not v2:
             per_mb += seq * b * model.hidden_size * ab
+        fp8 = 0.0  # fp8 (version 2): weight copies and scaling state; GEMM inputs saved in fp8
+        if precision == "fp8":
+            per_mb -= (z - a - k) * fp8_act_saving(model, seq, b, tp, sp)
+            fp8 = fp8_extra_state_bytes(model, _stage_params_cached(model, a, z, False, False, num_stages, tp, ep, etp),
+                                        a, z, ep)
         acts = per_mb * in_flight_mbs
         transient += block_transient_bytes(model, seq, b, tp, precision, cal)
         if last:
@@ -253,22 +297,25 @@ class CostModel(SyncMixin, PipelineMixin):
             transient += min(params, MEGATRON_BUCKET_PARAMS) * g  # bucket of full gradients being reduced
             weights = params * w
             if zero_level >= 3:  # ZeRO-3: parameters sharded too, plus one gathered block as workspace
-                gathered = max((_stage_params_cached(model, i, i + 1, False, False, num_stages, tp, ep)
+                gathered = max((_stage_params_cached(model, i, i + 1, False, False, num_stages, tp, ep, etp)
                                 for i in range(a, z)), default=0.0)
                 weights = opt_params * w
-                transient += gathered * w
+                transient += gathered * (w + (FP8_WEIGHT_COPY_BYTES if precision == "fp8" else 0.0))
+                fp8 *= opt_params / params if params else 0.0  # the shard's copies; the gathered block's above
+            weights += fp8
             dynamic = acts + transient
             overhead = fixed + cal.allocator_reserve * dynamic
             return MemoryBreakdown(weights, opt_params * g, opt_params * o, acts, transient, overhead)
         overhead = fixed + cal.allocator_reserve * dynamic
-        return MemoryBreakdown(params * w, params * g, opt_params * o, acts, transient, overhead)
+        return MemoryBreakdown(params * w + fp8, params * g, opt_params * o, acts, transient, overhead)
 
     def _memory(self, model: ModelSpec, plan: Plan, st: Stage, s: int, S: int, m: int, mbs: int,
                 zero_shards: int, replicated: bool) -> MemoryBreakdown:
-        return self.stage_memory(model, st.layers, s == 0, s == S - 1, S, st.tp, st.ep, mbs / st.dp_size,
+        return self.stage_memory(model, st.layers, s == 0, s == S - 1, S, st.tp, st.ep,
+                                 mbs / st.dp_size / st.cp if st.cp > 1 else mbs / st.dp_size,
                                  in_flight(s, S, m, plan.schedule), plan.precision, plan.sequence_length,
                                  zero_shards if plan.zero_stage >= 1 else 1, replicated, st.recompute,
-                                 st.recompute_layers, st.sequence_parallel, plan.zero_stage)
+                                 st.recompute_layers, st.sequence_parallel, plan.zero_stage, expert_tp(st))
 
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
@@ -278,7 +325,7 @@ class CostModel(SyncMixin, PipelineMixin):
         if hit is not None:  # the entry holds those stages alive, so equal ids are the same (frozen) stages
             return hit[1]
         key = (tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute, st.recompute_layers,
-                      st.sequence_parallel) for st in p.stages), p.virtual_stages)
+                      st.sequence_parallel, expert_tp(st), st.cp) for st in p.stages), p.virtual_stages)
         sig = self._pipe_sigs.get(key)
         if sig is None:
             sig = self._pipe_sigs[key] = self._new_pipeline_signature(p)
@@ -294,7 +341,7 @@ class CostModel(SyncMixin, PipelineMixin):
         for st in p.stages:
             ids = tuple(local.setdefault(dev_node[d], len(local)) for d in st.devices)
             parts.append((st.layers, st.tp, st.dp_size, st.ep, st.recompute, st.recompute_layers,
-                          st.sequence_parallel, ids))
+                          st.sequence_parallel, ids, expert_tp(st), st.cp))
         return tuple(parts), tuple(self._node_class[n] for n in local), p.virtual_stages
 
     # ---- the estimate ---------------------------------------------------------------------------
@@ -373,6 +420,7 @@ class CostModel(SyncMixin, PipelineMixin):
             breakdown["recompute_s"] = m * r[7] * scale
             breakdown["dp_sync_exposed_s"] = exposed if overlap else t_sync
             breakdown["zero_comm_s"] = zc * scale
+            breakdown["cp_comm_s"] = m * (r[9] if len(r) > 9 else 0.0) * scale
         gbs = plan.global_batch_size
         tokens = gbs * plan.sequence_length
         flops = self._dev_flops.get(prec)
@@ -382,5 +430,5 @@ class CostModel(SyncMixin, PipelineMixin):
             iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration,
             max_memory_bytes=max_mem, fits=fits, breakdown=breakdown, parts=parts,
             model_flops_per_s=model.model_flops_per_sequence(plan.sequence_length) * gbs / iteration,
-            device_flops=flops, device_prices=self._prices,
+            device_flops=flops, device_prices=self._prices, pricer=self,
         )

@@ -4,7 +4,7 @@ stage, and the optimizer step (CostModel's pipeline part)."""
 from __future__ import annotations
 
 from arachne.cost.compute import act_bytes
-from arachne.cost.features import chunk_recomputed_blocks
+from arachne.cost.features import chunk_recomputed_blocks, expert_tp
 from arachne.cost.memory import MemoryBreakdown, block_activation_bytes, stage_params
 from arachne.cost.schedule import interleaved_in_flight, interleaved_time, pipeline_time
 from arachne.cost.sync import exposed_sync
@@ -23,7 +23,7 @@ def zero3_row(r: tuple, t: float, n_blocks: int, overlap_gather: bool, overlap_r
     g_f = max(half / n, half - r[0]) if overlap_gather else half
     hidden = (half if overlap_gather else 0.0) + (half if overlap_reduce else 0.0)
     g_b = (t - hidden) + (max(hidden / n, hidden - r[1]) if hidden else 0.0)
-    return (r[0] + g_f, r[1] + g_b, *r[2:8], g_f + g_b)
+    return (r[0] + g_f, r[1] + g_b, *r[2:8], g_f + g_b, *r[9:])
 
 
 class PipelineMixin:
@@ -85,7 +85,7 @@ class PipelineMixin:
         T = interleaved_time(tuple(tuple(r[0] for r in cr) for cr in crows), tuple(tuple(r[1] for r in cr) for cr in crows),
                              sf, sb, p.micro_batches)
         rows = [tuple(sum(r[i] for r in cr) for i in range(5)) + (cr[0][5], cr[0][6], sum(r[7] for r in cr))
-                for cr in crows]
+                + ((0.0, sum(r[9] for r in cr)) if len(cr[0]) > 9 else ()) for cr in crows]
         send_f, send_b = [sum(x) for x in sf], [sum(x) for x in sb]
         mems = []
         for si, st in enumerate(p.stages):
@@ -105,9 +105,10 @@ class PipelineMixin:
         counts = interleaved_in_flight(si, S, v, p.micro_batches)
         ks = chunk_recomputed_blocks(st)
         parts = [self.stage_memory(model, rng, si == 0 and c == 0, si == S - 1 and c == v - 1, S, st.tp, st.ep,
-                                   mbs / st.dp_size, counts[c], plan.precision, plan.sequence_length,
+                                   mbs / st.dp_size / st.cp if st.cp > 1 else mbs / st.dp_size, counts[c],
+                                   plan.precision, plan.sequence_length,
                                    D if plan.zero_stage >= 1 else 1, D > 1, st.recompute, ks[c] if st.recompute is True
-                                   else None, st.sequence_parallel, plan.zero_stage)
+                                   else None, st.sequence_parallel, plan.zero_stage, expert_tp(st))
                  for c, rng in enumerate(st.ranges)]
         cal = self.cal.memory
         acts = sum(x.activations for x in parts)
@@ -126,7 +127,7 @@ class PipelineMixin:
         for si, st in enumerate(p.stages):
             fwd_before += rows[si][0]
             params = sum(_stage_params_cached(model, a, z, si == 0 and c == 0,
-                                              si == S - 1 and c == len(st.ranges) - 1, S, st.tp, st.ep)
+                                              si == S - 1 and c == len(st.ranges) - 1, S, st.tp, st.ep, expert_tp(st))
                          for c, (a, z) in enumerate(st.ranges))
             worst = max(worst, exposed_sync(times[si], params, rows[si][1], fwd_before, plan.zero_stage >= 1,
                                             plan.overlap_grad_reduce, plan.overlap_param_gather))
@@ -147,9 +148,10 @@ class PipelineMixin:
         for si, st in enumerate(p.stages):
             if p.virtual_stages > 1:
                 params = sum(_stage_params_cached(model, a, z, si == 0 and c == 0, si == S - 1 and c == len(st.ranges) - 1,
-                                                  S, st.tp, st.ep) for c, (a, z) in enumerate(st.ranges))
+                                                  S, st.tp, st.ep, expert_tp(st)) for c, (a, z) in enumerate(st.ranges))
             else:
-                params = _stage_params_cached(model, st.layers[0], st.layers[1], si == 0, si == S - 1, S, st.tp, st.ep)
+                params = _stage_params_cached(model, st.layers[0], st.layers[1], si == 0, si == S - 1, S, st.tp, st.ep,
+                                              expert_tp(st))
             if plan.zero_stage >= 1:
                 params /= reps[si]
             hbm = min(devs[d].gpu.hbm_bandwidth for d in st.devices)
@@ -161,17 +163,19 @@ _PARAMS_CACHE: dict[tuple, float] = {}
 _ACTS_CACHE: dict[tuple, float] = {}
 
 
-def _block_acts_cached(model: ModelSpec, a: int, z: int, seq: int, b: float, tp: int, precision: str, cal) -> float:
-    key = (model.key, a, z, seq, b, tp, precision, cal)
+def _block_acts_cached(model: ModelSpec, a: int, z: int, seq: int, b: float, tp: int, precision: str, cal,
+                       etp: int | None = None) -> float:
+    key = (model.key, a, z, seq, b, tp, precision, cal, etp)
     v = _ACTS_CACHE.get(key)
     if v is None:
-        v = _ACTS_CACHE[key] = sum(block_activation_bytes(model, i, seq, b, tp, precision, cal) for i in range(a, z))
+        v = _ACTS_CACHE[key] = sum(block_activation_bytes(model, i, seq, b, tp, precision, cal, etp) for i in range(a, z))
     return v
 
 
-def _stage_params_cached(model: ModelSpec, a: int, b: int, first: bool, last: bool, S: int, tp: int, ep: int) -> float:
-    key = (model.key, a, b, first, last, S, tp, ep)
+def _stage_params_cached(model: ModelSpec, a: int, b: int, first: bool, last: bool, S: int, tp: int, ep: int,
+                         etp: int | None = None) -> float:
+    key = (model.key, a, b, first, last, S, tp, ep, etp)
     v = _PARAMS_CACHE.get(key)
     if v is None:
-        v = _PARAMS_CACHE[key] = stage_params(model, a, b, first, last, S, tp, ep)
+        v = _PARAMS_CACHE[key] = stage_params(model, a, b, first, last, S, tp, ep, etp)
     return v

@@ -34,9 +34,13 @@ def stage_ops(num_stages: int, m: int, schedule: str) -> tuple[tuple[tuple[int, 
 
 
 def simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], send_fwd: tuple[float, ...],
-             send_bwd: tuple[float, ...], m: int, schedule: str = "1f1b") -> float:
+             send_bwd: tuple[float, ...], m: int, schedule: str = "1f1b", record: list | None = None) -> float:
     """Makespan of one pipeline: ``fwd[s]``/``bwd[s]`` per micro-batch, ``send_fwd[s]`` = s -> s+1,
-    ``send_bwd[s]`` = s -> s-1 transfer times (0 for the ends)."""
+    ``send_bwd[s]`` = s -> s-1 transfer times (0 for the ends).
+
+    With ``record`` (a list), every operation is appended to it as it is simulated: ``(stage, kind, chunk,
+    micro-batch, start, compute end, send end)`` (chunk 0; :mod:`arachne.cost.timeline` turns them into
+    events). Off (``None``) it costs one ``is None`` test per operation."""
     S = len(fwd)
     ops = stage_ops(S, m, schedule)
     f_done = [[-1.0] * m for _ in range(S)]   # arrival time of F(s, j)'s output at stage s+1
@@ -66,6 +70,8 @@ def simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], send_fwd: tuple[flo
                             break
                         if ready > t:
                             t = ready
+                    if record is not None:
+                        record.append((s, FWD, 0, j, t, t + fs, t + fs + sf))
                     t += fs
                     fd_s[j] = t + sf
                     t += sf
@@ -76,6 +82,8 @@ def simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], send_fwd: tuple[flo
                             break
                         if ready > t:
                             t = ready
+                    if record is not None:
+                        record.append((s, BWD, 0, j, t, t + bs, t + bs + sb))
                     t += bs
                     bd_s[j] = t + sb
                     t += sb
@@ -146,12 +154,12 @@ def interleaved_ops(num_stages: int, v: int, m: int) -> tuple[tuple[tuple[int, i
 
 def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[float, ...], ...],
                          send_fwd: tuple[tuple[float, ...], ...], send_bwd: tuple[tuple[float, ...], ...],
-                         m: int) -> float:
+                         m: int, record: list | None = None) -> float:
     """Makespan of one interleaved pipeline. ``fwd[s][c]``/``bwd[s][c]``: chunk c of stage s per
     micro-batch; ``send_fwd[s][c]``: its output to the next chunk in model order (stage s+1 chunk c, or,
     from the last stage, stage 0 chunk c+1: the transfer that crosses back); ``send_bwd[s][c]``: its input
     gradient to the previous chunk (stage s-1 chunk c, or from stage 0 to stage S-1 chunk c-1). Sends
-    occupy the sender, as in :func:`simulate`."""
+    occupy the sender, as in :func:`simulate`; ``record`` as there, with the chunk of each operation."""
     S, v = len(fwd), len(fwd[0])
     ops = interleaved_ops(S, v, m)
     f_done = [[[-1.0] * m for _ in range(v)] for _ in range(S)]  # arrival of F(s, c, j)'s output downstream
@@ -174,6 +182,8 @@ def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[fl
                         if ready < 0:
                             break
                         t = max(t, ready)
+                    if record is not None:
+                        record.append((s, FWD, c, j, t, t + fwd[s][c], t + fwd[s][c] + send_fwd[s][c]))
                     t += fwd[s][c]
                     own_f[s][c][j] = t
                     t += send_fwd[s][c]
@@ -186,6 +196,8 @@ def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[fl
                         t = max(t, ready)
                     if own_f[s][c][j] < 0:  # pragma: no cover - the order above never does this
                         raise RuntimeError("backward before its forward")
+                    if record is not None:
+                        record.append((s, BWD, c, j, t, t + bwd[s][c], t + bwd[s][c] + send_bwd[s][c]))
                     t += bwd[s][c]
                     t += send_bwd[s][c]
                     b_done[s][c][j] = t

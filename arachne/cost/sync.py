@@ -7,6 +7,7 @@ import bisect
 import itertools
 from collections import defaultdict
 
+from arachne.cost.features import expert_tp
 from arachne.plan import Plan, Stage
 from arachne.spec.model import ModelSpec
 
@@ -52,7 +53,9 @@ class SyncMixin:
                     for n, k in self._group_leader_nodes(st):
                         nodes[n] += k
                 tps, eps = [st.tp for st in sts], [st.ep for st in sts]
-                rows.append((sum(st.dp_size for st in sts), min(tps), max(tps), min(eps), max(eps), nodes))
+                ets = [expert_tp(st) or st.tp for st in sts]
+                rows.append((sum(st.dp_size * st.cp for st in sts), min(tps), max(tps), min(eps), max(eps), nodes,
+                             min(ets), max(ets), any(expert_tp(st) is not None for st in sts)))
             agg.append((st_starts, rows, [0] * len(st_starts), [0.0] * len(st_starts)))
         for lo, hi in itertools.pairwise(bounds):
             held = [(k, bisect.bisect_right(a[0], lo) - 1) for k, a in enumerate(agg)]
@@ -79,7 +82,14 @@ class SyncMixin:
                     for n, k in r[5].items():
                         nodes[n] += k
             t = self.network.ring_all_reduce_time(D, nodes, dense / min_tp * grad_b, concurrent=max_tp)
-            if expert:
+            if expert and any(r[8] for r in parts):  # etp != tp: the expert replicas (edp), etp fastest then ep
+                ep_bytes = expert / (min(r[6] for r in parts) * min(r[3] for r in parts)) * grad_b
+                ring = []
+                for pi, p in enumerate(pipes):
+                    s = p.stages[bisect.bisect_right(starts[pi], lo) - 1]
+                    ring += s.devices[::s.ep * (expert_tp(s) or s.tp)]
+                t += self.network.all_reduce_time(ring, ep_bytes, concurrent=max(r[7] for r in parts))
+            elif expert:
                 ep = max(r[4] for r in parts)
                 ep_bytes = expert / (min_tp * min(r[3] for r in parts)) * grad_b
                 if ep > 1:  # the expert rings: every ep-th group leader, in pipeline order

@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from arachne.cost.timeline import PipelineTimeline, plan_timelines, schedule_time
+from arachne.cost.timeline import (
+    PipelineTimeline,
+    exposed_sync_time,
+    plan_timelines,
+    schedule_time,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from arachne.cost.model import Estimate, StageEstimate
@@ -33,6 +38,7 @@ IDLE = "#dcdcdc"
 OTHER = "#a89f91"  # GPUs of pipelines not drawn in the timeline
 KIND_COLOURS = {"fwd": "#3a76b5", "bwd": "#ee8a3c", "send": "#555555", "bubble": "#f6d3d3",
                 "sync": "#4d9e4b", "opt": "#9a5fb0"}
+CHUNK_TINT = 0.45  # an interleaved stage's chunks 1, 3, ...: fwd/bwd mixed this much with white
 MAX_TIMELINE_ROWS = 64  # stage rows in the timeline panel
 
 Key = tuple  # (class index, stage), ("other", stage) or None for an idle GPU
@@ -209,6 +215,12 @@ def _layers(st) -> str:
     return ", ".join(f"[{a}, {b})" for a, b in st.ranges)
 
 
+def _tint(colour: str, amount: float) -> str:
+    """``colour`` (``#rrggbb``) mixed with white by ``amount`` (0: itself)."""
+    rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(x + (255 - x) * amount):02x}" for x in rgb)
+
+
 def _fmt_s(s: float) -> str:
     if s == 0:
         return "0 s"
@@ -238,8 +250,7 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
     from matplotlib.transforms import blended_transform_factory
 
     classes = pipeline_classes(plan, est, cluster)
-    # an interleaved pipeline (virtual_stages > 1) runs another schedule: its timeline is not drawn
-    drawable = [ci for ci, c in enumerate(classes) if plan.pipelines[c.members[0]].virtual_stages == 1]
+    drawable = list(range(len(classes)))
     reps = [classes[ci].members[0] for ci in drawable]
     timelines = {t.pipeline: t for t in plan_timelines(plan, est, reps)}
     for ci in drawable:
@@ -270,7 +281,7 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
 
     # ---- layout -----------------------------------------------------------------------------------
     t_pipe = schedule_time(est)
-    sync = est.breakdown.get("dp_sync_s", 0.0)
+    sync = exposed_sync_time(est)
     opt = est.breakdown.get("optimizer_s", 0.0)
     t_iter = est.iteration_time_s
     tl_rows: list[tuple[str, int, int] | tuple[str, int]] = []  # ("head", ci) / ("stage", ci, si)
@@ -363,8 +374,10 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
         if row[0] == "head":
             slow = "  <- slowest" if tl.makespan >= max(makespans.values()) else ""
             labels.append("")
+            v = plan.pipelines[rep].virtual_stages
+            inter = f", interleaved x{v}" if v > 1 else ""
             ax_t.text(-0.005, y + 0.15, f"{c.label}: {tl.micro_batches} micro-batches of "
-                      f"{plan.mbs(plan.pipelines[rep])}, {_fmt_s(tl.makespan)}{slow}",
+                      f"{plan.mbs(plan.pipelines[rep])}{inter}, {_fmt_s(tl.makespan)}{slow}",
                       transform=trans, ha="right", va="center", fontsize=8, fontweight="bold")
             continue
         si = row[2]
@@ -377,9 +390,11 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
         ax_t.broken_barh([(0, t_pipe)], (y - h / 2, h), facecolors=KIND_COLOURS["bubble"], linewidth=0)
         evs = [e for e in tl.events if e.stage == si]
         for kind in ("fwd", "bwd"):
-            bars = [(e.start, e.end - e.start) for e in evs if e.kind == kind]
-            if bars:
-                ax_t.broken_barh(bars, (y - h / 2, h), facecolors=KIND_COLOURS[kind], linewidth=0)
+            for odd in (0, 1):  # an interleaved stage's odd chunks in a lighter shade
+                bars = [(e.start, e.end - e.start) for e in evs if e.kind == kind and e.chunk % 2 == odd]
+                if bars:
+                    ax_t.broken_barh(bars, (y - h / 2, h), facecolors=_tint(KIND_COLOURS[kind], odd * CHUNK_TINT),
+                                     linewidth=0)
         sends = [(e.start, e.end - e.start) for e in evs if e.kind == "send"]
         if sends and len(sends) <= 120:
             ax_t.broken_barh(sends, (y - 0.14, 0.28), facecolors="white", edgecolors=KIND_COLOURS["send"],
@@ -411,8 +426,12 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
                  st.recompute for p in plan.pipelines for st in p.stages) else "")),
              Patch(facecolor="white", edgecolor=KIND_COLOURS["send"], hatch="////", label="send (p2p)"),
              Patch(facecolor=KIND_COLOURS["bubble"], label="idle: bubble, waiting"),
-             Patch(facecolor=KIND_COLOURS["sync"], label=f"gradient sync {_fmt_s(sync)}"),
+             Patch(facecolor=KIND_COLOURS["sync"], label=f"gradient sync {_fmt_s(sync)}"
+                   + (" (exposed)" if "dp_sync_exposed_s" in b and sync != b.get("dp_sync_s") else "")),
              Patch(facecolor=KIND_COLOURS["opt"], label=f"optimizer {_fmt_s(opt)}")]
+    if any(plan.pipelines[classes[ci].members[0]].virtual_stages > 1 for ci in shown):
+        kinds[2:2] = [Patch(facecolor=_tint(KIND_COLOURS["fwd"], CHUNK_TINT), label="forward, odd chunks"),
+                      Patch(facecolor=_tint(KIND_COLOURS["bwd"], CHUNK_TINT), label="backward, odd chunks")]
     leg = ax_t.legend(handles=kinds, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5, frameon=False,
                       borderaxespad=0)
     crit = (f"slowest pipeline's bottleneck stage:\n"

@@ -30,7 +30,7 @@ from arachne.plan import Plan
 from arachne.runtime import checkpoint as ckpt
 from arachne.runtime.engine import WorkerConfig, spawn_entry
 from arachne.runtime.flags import check_lr, check_timeout
-from arachne.runtime.signals import STOP_SIGNALS, Stopped, stop_on_signals
+from arachne.runtime.signals import STOP_SIGNALS, Stopped, raise_if_stopped, stop_on_signals
 from arachne.spec.model import ModelSpec
 
 # "RANK:STEP[:freeze]": that process dies (or stops itself with SIGSTOP) at the start of that step
@@ -284,6 +284,7 @@ def _watch(procs: list[Any], errors: dict[int, str], drain: Callable[[], None]) 
     Of processes found failed together, one that died without reporting an error (killed, or exited
     on purpose) is the cause; the others' errors are what its death did to them."""
     while True:
+        raise_if_stopped()
         drain()
         codes = [p.exitcode for p in procs]
         bad = [r for r, c in enumerate(codes) if c not in (None, 0)]

@@ -38,21 +38,30 @@ class Stopped(BaseException):
 
 
 _stopping = False  # a Stopped was raised: later signals must not interrupt the clean-up it started
+_pending: int | None = None  # the signal that raised it, until the context exits
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    global _stopping
+    global _stopping, _pending
     if _stopping:
         return
-    _stopping = True
+    _stopping, _pending = True, signum
     raise Stopped(signum)
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Stopped` again when a stop signal arrived but its exception never reached the caller.
+    A handler runs between any two bytecodes, also inside a ``__del__`` or a finalizer, where Python
+    reports the exception and drops it; a loop that waits on processes calls this on every turn."""
+    if _pending is not None:
+        raise Stopped(_pending)
 
 
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Raise :class:`Stopped` on the first stop signal; later ones are ignored until the outermost
     context exits (the handlers it replaced are restored then). Nested contexts share the outer one."""
-    global _stopping
+    global _stopping, _pending
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread can handle signals; its owner decides
         return
@@ -60,7 +69,7 @@ def stop_on_signals() -> Iterator[None]:
     if any(h is _handler for h in mine.values()):
         yield  # an outer context is in charge
         return
-    _stopping = False
+    _stopping, _pending = False, None
     for s, old in mine.items():
         if old is not signal.SIG_IGN:
             signal.signal(s, _handler)
@@ -69,4 +78,4 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, old in mine.items():
             signal.signal(s, old if old is not None else signal.SIG_DFL)
-        _stopping = False
+        _stopping, _pending = False, None

@@ -13,8 +13,13 @@ from typer.testing import CliRunner
 
 from arachne.cli.app import app
 from arachne.cost import CostModel
-from arachne.cost.schedule import simulate
-from arachne.cost.timeline import pipeline_events, plan_timelines, schedule_time
+from arachne.cost.schedule import simulate, simulate_interleaved
+from arachne.cost.timeline import (
+    interleaved_events,
+    pipeline_events,
+    plan_timelines,
+    schedule_time,
+)
 from arachne.plan import load_plan, plan_from_dict
 from arachne.report.plots import node_rows, pipeline_classes, plot_plan
 from arachne.spec.cluster import cluster_from_dict, load_cluster
@@ -88,6 +93,78 @@ def test_plan_timelines_match_the_estimate(cluster, plan):
                         [r.send_fwd_s for r in rows], [r.send_bwd_s for r in rows], t.micro_batches)
     # the slowest pipeline's last event ends at the schedule time the estimate reports
     assert max(t.makespan for t in tls) == pytest.approx(schedule_time(est), rel=0.01)
+
+
+def _check_interleaved(events, fwd, bwd, sf, sb, m) -> None:
+    S, v = len(fwd), len(fwd[0])
+    assert len([e for e in events if e.kind in ("fwd", "bwd")]) == 2 * S * v * m
+    for s in range(S):
+        evs = sorted((e for e in events if e.stage == s), key=lambda e: e.start)
+        for a, b in itertools.pairwise(evs):
+            assert b.start >= a.end - 1e-12, (a, b)
+    f = {(e.stage, e.chunk, e.micro_batch): e for e in events if e.kind == "fwd"}
+    b = {(e.stage, e.chunk, e.micro_batch): e for e in events if e.kind == "bwd"}
+    assert len(f) == len(b) == S * v * m
+    for (s, c, j), e in f.items():
+        assert e.end - e.start == pytest.approx(fwd[s][c])
+        assert b[s, c, j].end - b[s, c, j].start == pytest.approx(bwd[s][c])
+        assert b[s, c, j].start >= e.end - 1e-12  # a backward after its own forward
+        # the previous chunk in model order (stage s-1, or from stage 0 the last stage's chunk c-1) and its send
+        prev = (s - 1, c) if s else ((S - 1, c - 1) if c else None)
+        if prev:
+            assert e.start >= f[(*prev, j)].end + sf[prev[0]][prev[1]] - 1e-9
+        nxt = (s + 1, c) if s < S - 1 else ((0, c + 1) if c < v - 1 else None)
+        if nxt:
+            assert b[s, c, j].start >= b[(*nxt, j)].end + sb[nxt[0]][nxt[1]] - 1e-9
+
+
+@pytest.mark.parametrize("times", [
+    (((1.0, 0.5), (2.0, 1.0)), ((2.0, 1.0), (4.0, 2.0)), ((0.1, 0.2), (0.3, 0.0)), ((0.0, 0.2), (0.1, 0.3)), 4),
+    (((1.0, 1.0, 1.0),) * 3, ((2.0, 2.0, 2.0),) * 3, ((0.5, 0.5, 0.5),) * 2 + ((0.5, 0.5, 0.0),),
+     ((0.0, 0.5, 0.5),) + ((0.5, 0.5, 0.5),) * 2, 6),
+])
+def test_interleaved_events_respect_the_schedule_and_end_at_its_makespan(times):
+    fwd, bwd, sf, sb, m = times
+    events = interleaved_events(fwd, bwd, sf, sb, m)
+    _check_interleaved(events, fwd, bwd, sf, sb, m)
+    assert {e.chunk for e in events} == set(range(len(fwd[0])))
+    assert max(e.end for e in events) == simulate_interleaved(fwd, bwd, sf, sb, m)
+
+
+def _load_interleaved():
+    cl = load_cluster(ROOT / "examples" / "v2" / "h100-2x8.yaml")
+    pl = load_plan(ROOT / "examples" / "v2" / "interleaved-sp-selective.json")
+    return cl, pl, CostModel(cl).estimate(pl)
+
+
+def test_interleaved_plan_timelines_match_the_estimate():
+    from arachne.cost.timeline import interleaved_chunk_times
+
+    _, pl, est = _load_interleaved()
+    assert any(p.virtual_stages > 1 for p in pl.pipelines)
+    tls = plan_timelines(pl, est)
+    for t in tls:
+        p = pl.pipelines[t.pipeline]
+        times = interleaved_chunk_times(est.pricer, pl, t.pipeline)
+        _check_interleaved(t.events, *times, t.micro_batches)
+        assert {e.chunk for e in t.events} == set(range(p.virtual_stages))
+        # per stage, the chunks' times sum to the estimate's row
+        rows = sorted((r for r in est.stages if r.pipeline == t.pipeline), key=lambda r: r.stage)
+        for s, r in enumerate(rows):
+            assert sum(times[0][s]) == pytest.approx(r.fwd_s, rel=1e-12)
+            assert sum(times[1][s]) == pytest.approx(r.bwd_s, rel=1e-12)
+            assert sum(times[2][s]) == pytest.approx(r.send_fwd_s, rel=1e-12)
+    # the slowest pipeline's last event ends at the schedule time the estimate reports
+    assert max(t.makespan for t in tls) == pytest.approx(schedule_time(est), rel=1e-9)
+
+
+def test_interleaved_plot_writes_a_png(tmp_path):
+    cl, pl, est = _load_interleaved()
+    out = tmp_path / "interleaved.png"
+    plot_plan(pl, est, cl, out)
+    w, h = _png_size(out)
+    assert 800 <= w <= 4000 and 400 <= h <= 4000, (w, h)
+    assert 20_000 < out.stat().st_size < 5_000_000
 
 
 @pytest.mark.parametrize("cluster,plan", EXAMPLES)

@@ -307,3 +307,24 @@ def test_a_killed_launcher_takes_its_workers_with_it(files, tmp_path):
     finally:
         run.kill_all()
     _assert_loadable(ck, 3)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_swallowed_where_it_landed_is_raised_again_by_the_wait_loop():
+    """A handler can run inside a ``__del__`` or a finalizer, where Python drops the exception; the run
+    must still stop: the launcher's wait loop raises it again (it hung under load before)."""
+    from arachne.runtime.signals import Stopped, raise_if_stopped, stop_on_signals
+
+    class Swallows:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside __del__
+            time.sleep(0.05)
+
+    with stop_on_signals():
+        raise_if_stopped()  # nothing pending yet
+        obj = Swallows()
+        del obj  # Python reports "Exception ignored in ... __del__" and goes on
+        with pytest.raises(Stopped) as err:
+            raise_if_stopped()
+        assert err.value.exit_code == 143
+    raise_if_stopped()  # the context's exit clears it
