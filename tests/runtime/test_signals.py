@@ -174,6 +174,13 @@ def _group(pgid: int) -> list[int]:
     return out
 
 
+def _terminal_signals() -> None:
+    """Start the run as from a terminal: Ctrl-C live. (A background job of a non-interactive shell, such as
+    a CI step, starts with SIGINT ignored, and `arachne run` keeps an ignored signal ignored, as nohup asks.)"""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Run:
     """`arachne run` in its own session; stdout lines are collected as they come."""
 
@@ -183,7 +190,7 @@ class Run:
         with open(self.err, "w") as err:
             self.proc = subprocess.Popen([*RUN, "-c", str(cluster), "-p", str(plan), "--simulate-devices", "--json",
                                           *[str(a) for a in args]], stdout=subprocess.PIPE, stderr=err,
-                                         text=True, start_new_session=True,
+                                         text=True, start_new_session=True, preexec_fn=_terminal_signals,
                                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         self.lines: list[str] = []
         self.times: list[float] = []
