@@ -70,18 +70,7 @@ class PipelineMixin:
         interleaved 1F1B timeline, and memory of the chunks in flight. Rows report per stage the sums over
         its chunks."""
         devs = self.cluster.devices
-        S, v = len(p.stages), p.virtual_stages
-        crows = []
-        for si, st in enumerate(p.stages):
-            ks = chunk_recomputed_blocks(st)
-            crows.append([self._stage(model, st, si == 0 and c == 0, si == S - 1 and c == v - 1, mbs, plan, rng, ks[c])
-                          for c, rng in enumerate(st.ranges)])
-        act = mbs * plan.sequence_length * model.hidden_size * act_bytes(plan.precision)
-        link = [self.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
-                for si in range(S - 1)]
-        back = self.network.p2p_time(list(p.stages[-1].devices), list(p.stages[0].devices), act)
-        sf = tuple(tuple(link[si] if si < S - 1 else (back if c < v - 1 else 0.0) for c in range(v)) for si in range(S))
-        sb = tuple(tuple(link[si - 1] if si else (back if c else 0.0) for c in range(v)) for si in range(S))
+        crows, sf, sb = self.interleaved_chunks(model, plan, p, mbs)
         T = interleaved_time(tuple(tuple(r[0] for r in cr) for cr in crows), tuple(tuple(r[1] for r in cr) for cr in crows),
                              sf, sb, p.micro_batches)
         rows = [tuple(sum(r[i] for r in cr) for i in range(5)) + (cr[0][5], cr[0][6], sum(r[7] for r in cr))
@@ -97,6 +86,23 @@ class PipelineMixin:
         return (rows, send_f, send_b, T, mems, self._pipeline_optimizer_time(model, plan, p, reps), out_rows,
                 sum(len(st.devices) for st in p.stages), all(r[12] <= r[13] for r in out_rows),
                 max(r[12] for r in out_rows))
+
+    def interleaved_chunks(self, model: ModelSpec, plan: Plan, p, mbs: int) -> tuple:
+        """Per stage, the stage rows of each chunk (:meth:`_stage`), and the per-chunk transfer times forward
+        and backward between consecutive chunks (the last stage's chunk j sends to stage 0's chunk j + 1)."""
+        S, v = len(p.stages), p.virtual_stages
+        crows = []
+        for si, st in enumerate(p.stages):
+            ks = chunk_recomputed_blocks(st)
+            crows.append([self._stage(model, st, si == 0 and c == 0, si == S - 1 and c == v - 1, mbs, plan, rng, ks[c])
+                          for c, rng in enumerate(st.ranges)])
+        act = mbs * plan.sequence_length * model.hidden_size * act_bytes(plan.precision)
+        link = [self.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
+                for si in range(S - 1)]
+        back = self.network.p2p_time(list(p.stages[-1].devices), list(p.stages[0].devices), act)
+        sf = tuple(tuple(link[si] if si < S - 1 else (back if c < v - 1 else 0.0) for c in range(v)) for si in range(S))
+        sb = tuple(tuple(link[si - 1] if si else (back if c else 0.0) for c in range(v)) for si in range(S))
+        return crows, sf, sb
 
     def _interleaved_memory(self, model: ModelSpec, plan: Plan, p, st, si: int, mbs: int, D: int) -> MemoryBreakdown:
         """One device of an interleaved stage: the model state of all its chunks, the activations of the chunk

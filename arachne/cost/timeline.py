@@ -76,26 +76,10 @@ def interleaved_events(fwd, bwd, send_fwd, send_bwd, m: int) -> list[Event]:
 
 def interleaved_chunk_times(cm: CostModel, plan: Plan, pi: int) -> tuple:
     """Per stage and chunk of interleaved pipeline ``pi``: (fwd, bwd, send_fwd, send_bwd) per micro-batch,
-    as ``CostModel._price_interleaved`` prices them (the estimate's rows keep only their sums per stage).
+    as the cost model prices them (``interleaved_chunks``) (the estimate's rows keep only their sums per stage).
     Its stage rows come from the cost model's cache."""
-    from arachne.cost.compute import act_bytes
-    from arachne.cost.features import chunk_recomputed_blocks
-
     p = plan.pipelines[pi]
-    model = cm.resolve_model(plan)
-    mbs = plan.mbs(p)
-    S, v = len(p.stages), p.virtual_stages
-    crows = []
-    for si, st in enumerate(p.stages):
-        ks = chunk_recomputed_blocks(st)
-        crows.append([cm._stage(model, st, si == 0 and c == 0, si == S - 1 and c == v - 1, mbs, plan, rng, ks[c])
-                      for c, rng in enumerate(st.ranges)])
-    act = mbs * plan.sequence_length * model.hidden_size * act_bytes(plan.precision)
-    link = [cm.network.p2p_time(list(p.stages[si].devices), list(p.stages[si + 1].devices), act)
-            for si in range(S - 1)]
-    back = cm.network.p2p_time(list(p.stages[-1].devices), list(p.stages[0].devices), act)
-    sf = tuple(tuple(link[si] if si < S - 1 else (back if c < v - 1 else 0.0) for c in range(v)) for si in range(S))
-    sb = tuple(tuple(link[si - 1] if si else (back if c else 0.0) for c in range(v)) for si in range(S))
+    crows, sf, sb = cm.interleaved_chunks(cm.resolve_model(plan), plan, p, plan.mbs(p))
     return (tuple(tuple(r[0] for r in cr) for cr in crows), tuple(tuple(r[1] for r in cr) for cr in crows), sf, sb)
 
 
