@@ -187,7 +187,17 @@ class Plan(_V1Dump):
     """v2: gradient reduction runs bucket by bucket during the backward pass."""
     overlap_param_gather: bool = False
     """v2, with ``zero_stage >= 1``: the next iteration's parameter all-gather overlaps the forward pass."""
-    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False}
+    framework: Literal["megatron", "torch"] | None = None
+    """v2 (optional, an arachne addition): how the training code keeps memory. ``megatron``: Megatron-Core
+    with Transformer Engine (fused norms and cross-entropy, fp32 main gradients); ``torch``: plain PyTorch
+    modules (torchtitan, FSDP on Hugging Face models: composite norms, torch cross-entropy). Unset: ``torch``
+    with ``zero_stage`` 3, else ``megatron``."""
+    grad_reduce_in_fp32: bool | None = None
+    """v2 (optional, an arachne addition; Megatron-Core's flag of that name): gradients accumulated and reduced
+    in fp32 (4 bytes per parameter) or, ``false``, in the 16-bit type (2). Unset: fp32, the default of
+    Megatron-LM with bf16 and of torchtitan's FSDP (``reduce_dtype``)."""
+    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False,
+                                             "framework": None, "grad_reduce_in_fp32": None}
 
     @field_validator("format")
     @classmethod
@@ -236,6 +246,9 @@ class Plan(_V1Dump):
         for key in ("overlap_grad_reduce", "overlap_param_gather"):
             if getattr(self, key):
                 doc[key] = True
+        for key in ("framework", "grad_reduce_in_fp32"):
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
         if self.optimizer != "adam":
             doc["optimizer"] = self.optimizer
         for key in ("planner", "planning_time_s", "estimate"):

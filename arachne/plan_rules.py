@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from arachne.spec.cluster import Cluster
     from arachne.spec.model import ModelSpec
 
-V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather")
+V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "framework", "grad_reduce_in_fp32")
 V2_PIPELINE_KEYS = ("virtual_stages",)
 V2_STAGE_KEYS = ("cp", "sequence_parallel", "recompute_layers", "etp")
 FEATURES = {  # v2_fields_used's feature names, as messages say them
@@ -22,7 +22,8 @@ FEATURES = {  # v2_fields_used's feature names, as messages say them
     "overlap_param_gather": "overlapped parameter gather", "virtual_stages": "interleaved pipeline",
     "cp": "context parallelism", "sequence_parallel": "sequence parallelism",
     "selective_recompute": "selective recomputation", "recompute_layers": "partial recomputation",
-    "etp": "expert tensor parallelism other than tp",
+    "etp": "expert tensor parallelism other than tp", "framework": "the framework's memory convention",
+    "grad_reduce_in_fp32": "the gradient reduction type",
 }
 NEEDS_V2 = 'needs "format": "arachne-plan/2" (this plan says arachne-plan/1)'
 
@@ -74,7 +75,7 @@ def v2_fields_used(plan: Plan) -> list[tuple[str, str]]:
     if plan.zero_stage >= 2:
         out.append(("zero_stage", "zero_stage"))
     for key in V2_PLAN_KEYS:
-        if getattr(plan, key):
+        if getattr(plan, key) != plan.V2_DEFAULTS[key]:
             out.append((key, key))
     for pi, pipe in enumerate(plan.pipelines):
         if pipe.virtual_stages != 1 or any(len(st.ranges) != 1 or st.layers is not st.ranges[0]

@@ -146,6 +146,8 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "speed", "benchmarks.cost_model:speed", "how fast CostModel.estimate prices a plan")
     p.add_argument("--repeats", type=int, default=200)
     _out(p, R / "cost_model")
+    p = _add(g, "activations", "benchmarks.activations:run", "saved activations of a torch block vs arachne's count")
+    _out(p, R / "cost_model")
     p = _add(g, "published", "benchmarks.published:run", "vs published end-to-end runs (data/published_runs)")
     p.add_argument("--data", type=Path, default=None, help="runs file (default data/published_runs/runs.yaml)")
     _out(p, R / "cost_model")
@@ -168,7 +170,7 @@ def build() -> argparse.ArgumentParser:
 
     p = _add(sub, "replan-trace", "benchmarks.replan_trace:replan_trace", "every planner follows a GPU "
                                                                           "availability trace (Sailor's)")
-    p.add_argument("--trace", choices=["spot", "grow"], default="spot")
+    p.add_argument("--trace", choices=["spot", "grow", "spot-churn", "steady-growth", "rack-failure"], default="spot")
     p.add_argument("--model", default=None, help="default: GPT-3-2.7B (spot), LLaMA-2-13B (grow)")
     p.add_argument("--gbs", type=int, default=None, help="default: 256 (spot), 1024 (grow)")
     p.add_argument("--seq", type=int, default=2048)
@@ -198,6 +200,12 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--long-budget", action="store_true", help="also the search baselines at 60 s (an hour more)")
     p.add_argument("--logs", type=Path, default=R / "logs")
+
+    p = _add(sub, "objectives", "benchmarks.objectives:run", "cost objective and --runtime megatron on the grid")
+    p.add_argument("--all", action="store_true", help="all 25 grid cases (default: 6, a few minutes)")
+    p.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
+    p.add_argument("--time-budget", type=float, default=5.0, help="per planner and case, s (default 5)")
+    _out(p, R / "objectives")
 
     p = _add(sub, "report", "benchmarks.report:report", "write docs/results.md and results/headline.json")
     p.add_argument("--results", type=Path, default=R, help="folder of result JSON (default results)")

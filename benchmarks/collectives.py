@@ -12,12 +12,18 @@ that ignores the node hierarchy charges), so the report shows which of the two t
 nccl-tests conventions (its doc/PERFORMANCE.md): ``size`` is the per-rank buffer of an all-reduce, the total
 (all ranks) buffer of an all-gather / reduce-scatter / all-to-all, and the message of a send/recv; algbw = size /
 time; busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (send/recv).
-All-gather and reduce-scatter have no call of their own in the network model: they are priced as half a ring
-all-reduce (one of its two phases), unless the model grows ``all_gather_time`` / ``reduce_scatter_time``.
+All-gather and reduce-scatter are priced with ``all_gather_time`` / ``reduce_scatter_time``; a record that pins
+``NCCL_ALGO=RING`` is priced with the ring alone.
+
+Hold-out: every record carries ``held_out`` (records sorted by id, odd positions held out; ``SPLIT_RULE``), and
+``degraded`` where its own thread says the fabric under-delivers. The one fitted constant
+(``NetworkCalibration.efa_nic_efficiency``) is refitted here on the calibration half (not held out, not degraded,
+rows >= ``FIT_MIN_BYTES``) and printed beside the shipped value; errors are reported per half.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -31,6 +37,9 @@ MIN_BYTES = 1_000_000  # the target applies at sizes >= 1 MB
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 FABRICS = ("nvswitch", "nvlink-bridge", "pcie", "infiniband", "roce", "cloud-efa", "ethernet")
 GB = 1e9
+FIT_MIN_BYTES = 64 * 2**20  # efficiencies are fitted where the bandwidth term dominates the latency
+SPLIT_RULE = "records sorted by id; odd positions (0-based) held out"
+NETWORK_OF_KIND = {"infiniband": "infiniband", "roce": "roce", "cloud-efa": "efa", "ethernet": "ethernet"}
 
 
 # ---- nccl-tests conventions ----------------------------------------------------------------------------------
@@ -61,6 +70,9 @@ class Record:
     collective: str              # one of COLLECTIVES
     rows: tuple[dict[str, float], ...]  # bytes, busbw_gbps (GB/s), algbw_gbps when the source gives it
     approximate: bool = False    # the source gives rounded figures ("~100")
+    held_out: bool = False       # in the check half: no fitted constant sees it
+    degraded: bool = False       # its own thread says the fabric under-delivers (``degraded_why``)
+    algorithm: str | None = None  # NCCL_ALGO the source pinned ("ring", "nvls"), None: NCCL's choice
 
     @property
     def ranks(self) -> int:
@@ -130,8 +142,22 @@ def load(path: Path = DATA) -> list[Record]:
                 want = alg * bus_factor(coll, n)
                 _check(abs(want - bus) <= max(0.02 * bus, 0.02), path, f"{g}.busbw_gbps",
                        f"{bus} disagrees with algbw x the nccl-tests factor ({want:.3g}) for {n} ranks")
-        out.append(Record(r["id"], src, fab, coll, tuple(rows), bool(r.get("approximate", False))))
+        for k in ("held_out", "degraded"):
+            _check(isinstance(r.get(k), bool), path, f"{f}.{k}", "true or false is required")
+        if r["degraded"]:
+            _check(isinstance(r.get("degraded_why"), str) and r["degraded_why"].strip() != "", path,
+                   f"{f}.degraded_why", "a degraded record says why")
+        alg = r.get("algorithm")
+        _check(alg in (None, "ring", "tree", "nvls"), path, f"{f}.algorithm", "null, ring, tree or nvls")
+        out.append(Record(r["id"], src, fab, coll, tuple(rows), bool(r.get("approximate", False)),
+                          r["held_out"], r["degraded"], alg))
     return out
+
+
+def split_ok(recs: list[Record]) -> bool:
+    """The stored ``held_out`` flags follow :data:`SPLIT_RULE`."""
+    order = sorted(recs, key=lambda r: r.id)
+    return all(r.held_out == (i % 2 == 1) for i, r in enumerate(order))
 
 
 # ---- pricing -------------------------------------------------------------------------------------------------
@@ -146,6 +172,8 @@ def cluster_of(rec: Record):
         group["inter_node_gbps"] = float(fab["inter_node_gbps"])
     if fab.get("intra_node_gbps"):
         group["intra_node_gbps"] = float(fab["intra_node_gbps"])
+    if fab["kind"] in NETWORK_OF_KIND and fab["nodes"] > 1:
+        group["network"] = NETWORK_OF_KIND[fab["kind"]]
     return cluster_from_dict({"name": rec.id, "nodes": [group]}, f"{DATA.name}:{rec.id}")
 
 
@@ -153,13 +181,15 @@ def _devices(cluster) -> list[str]:
     return [f"{n.name}:{i}" for n in cluster.nodes for i in range(n.num_gpus)]
 
 
-def model_time(net, collective: str, devices: list[str], nbytes: float) -> float:
-    """arachne's time for a collective of nccl-tests ``size`` ``nbytes`` over ``devices``."""
+def model_time(net, collective: str, devices: list[str], nbytes: float, algorithm: str | None = None) -> float:
+    """arachne's time for a collective of nccl-tests ``size`` ``nbytes`` over ``devices`` (``algorithm``: the
+    one the source pinned; only a pinned ring changes the pricing, NVLS being NCCL's choice where it applies)."""
     if collective == "all_reduce":
-        return net.all_reduce_time(devices, nbytes)
-    if collective in ("all_gather", "reduce_scatter"):
-        own = getattr(net, f"{collective}_time", None)
-        return own(devices, nbytes) if own is not None else net.all_reduce_time(devices, nbytes) / 2
+        return net.all_reduce_time(devices, nbytes, algorithm="ring" if algorithm == "ring" else None)
+    if collective == "all_gather":
+        return net.all_gather_time(devices, nbytes)
+    if collective == "reduce_scatter":
+        return net.reduce_scatter_time(devices, nbytes)
     if collective == "all_to_all":
         return net.all_to_all_time(devices, nbytes)
     if collective == "send_recv":  # rank 0 to the last rank (across nodes when there are several)
@@ -188,12 +218,12 @@ def flat_time(cluster, cal, collective: str, n: int, nbytes: float) -> float:
     raise ValueError(collective)
 
 
-def price(rec: Record, min_bytes: float = MIN_BYTES) -> list[dict[str, Any]]:
+def price(rec: Record, min_bytes: float = MIN_BYTES, cal=None) -> list[dict[str, Any]]:
     """One row per measured size >= ``min_bytes``: measured, hierarchical (arachne) and flat busbw, errors."""
     from arachne.cost.calibration import NetworkCalibration
     from arachne.cost.network import Network
 
-    cluster, cal = cluster_of(rec), NetworkCalibration()
+    cluster, cal = cluster_of(rec), cal or NetworkCalibration()
     net, devs, n = Network(cluster, cal), _devices(cluster), rec.ranks
     out = []
     for row in rec.rows:
@@ -201,15 +231,38 @@ def price(rec: Record, min_bytes: float = MIN_BYTES) -> list[dict[str, Any]]:
         if b < min_bytes:
             continue
         meas = row["busbw_gbps"]
-        hier = busbw_from_time(rec.collective, n, b, model_time(net, rec.collective, devs, b)) / GB
+        hier = busbw_from_time(rec.collective, n, b, model_time(net, rec.collective, devs, b, rec.algorithm)) / GB
         flat = busbw_from_time(rec.collective, n, b, flat_time(cluster, cal, rec.collective, n, b)) / GB
         out.append({"record": rec.id, "fabric": rec.fabric["kind"], "collective": rec.collective,
                     "gpu": cluster.nodes[0].gpu.name, "nodes": rec.fabric["nodes"],
                     "gpus_per_node": rec.fabric["gpus_per_node"], "bytes": b, "measured_busbw": meas,
                     "arachne_busbw": hier, "flat_busbw": flat,
                     "arachne_error_pct": 100 * (hier - meas) / meas, "flat_error_pct": 100 * (flat - meas) / meas,
-                    "approximate": rec.approximate, "source": rec.source["url"]})
+                    "approximate": rec.approximate, "held_out": rec.held_out, "degraded": rec.degraded,
+                    "source": rec.source["url"]})
     return out
+
+
+def fit_efficiency(recs: list[Record], field: str, kind: str) -> float | None:
+    """The ``NetworkCalibration`` efficiency ``field`` that minimises the mean squared log error of busbw over
+    the calibration records of fabric ``kind`` (not held out, not degraded, rows >= FIT_MIN_BYTES), each record
+    weighed once; None when no such row exists. A grid of 0.005 steps over [0.2, 1.0]."""
+    from arachne.cost.calibration import NetworkCalibration
+
+    fit_on = [r for r in recs if r.fabric["kind"] == kind and not r.held_out and not r.degraded
+              and any(row["bytes"] >= FIT_MIN_BYTES for row in r.rows)]
+    if not fit_on:
+        return None
+
+    def loss(e: float) -> float:
+        cal = dataclasses.replace(NetworkCalibration(), **{field: e})
+        tot = 0.0
+        for rec in fit_on:
+            rows = price(rec, FIT_MIN_BYTES, cal)
+            tot += sum(_log_ratio(r["arachne_error_pct"]) ** 2 for r in rows) / len(rows)
+        return tot
+
+    return min((0.2 + 0.005 * i for i in range(161)), key=loss)
 
 
 def _mape(rows: list[dict[str, Any]], key: str) -> float:
@@ -250,35 +303,104 @@ def _log_ratio(error_pct: float) -> float:
     return math.log(1 + error_pct / 100)
 
 
+SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "send_recv": "SR"}
+
+
+def _size(b: int) -> str:
+    for unit, f in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if b >= f:
+            v = b / f
+            return f"{v:.0f}{unit}" if abs(v - round(v)) < 0.05 else f"{v:.3g}{unit}"
+    return str(b)
+
+
+def _pct(x: float) -> int:
+    return round(x)
+
+
+def _half(r: dict[str, Any]) -> str:
+    return ("chk" if r["held_out"] else "cal") + ("*" if r["degraded"] else "")
+
+
+def _group_rows(rows: list[dict[str, Any]], by: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Compact per-group rows (80 columns): records, arachne MAPE on each half, flat MAPE, which is closer."""
+    out = []
+    healthy = [r for r in rows if not r["degraded"]]
+    for g in summarize(healthy, by):
+        key = {k: g[k] for k in by}
+        sel = [r for r in healthy if all(r[k] == v for k, v in key.items())]
+        cal = summarize([{**r, "g": 0} for r in sel if not r["held_out"]], ("g",))
+        chk = summarize([{**r, "g": 0} for r in sel if r["held_out"]], ("g",))
+        label = " ".join(SHORT.get(str(v), str(v)) for v in key.values())
+        out.append({"group": label, "recs": g["records"],
+                    "cal %": _pct(cal[0]["arachne_mape_pct"]) if cal else None,
+                    "chk %": _pct(chk[0]["arachne_mape_pct"]) if chk else None,
+                    "flat %": _pct(g["flat_mape_pct"]), "x arachne": round(g["arachne_factor"], 2),
+                    "x flat": round(g["flat_factor"], 2), "closer": g["closer"]})
+    return out
+
+
+def _halves(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """MAPE and within-15% counts for the calibration half, the check half (healthy records) and the degraded."""
+    out: dict[str, Any] = {}
+    for name, sel in (("calibration", [r for r in rows if not r["held_out"] and not r["degraded"]]),
+                      ("check", [r for r in rows if r["held_out"] and not r["degraded"]]),
+                      ("degraded", [r for r in rows if r["degraded"]])):
+        per = summarize(sel, ("record",))
+        s = summarize([{**r, "g": 0} for r in sel], ("g",))
+        out[name] = {"records": len(per), "arachne_mape_pct": s[0]["arachne_mape_pct"] if s else None,
+                     "flat_mape_pct": s[0]["flat_mape_pct"] if s else None,
+                     "arachne_factor": s[0]["arachne_factor"] if s else None,
+                     "records_within_15pct": sum(r["arachne_mape_pct"] <= 15 for r in per)}
+    return out
+
+
 def run(a) -> None:
+    from arachne.cost.calibration import NetworkCalibration
+
     path = Path(a.data)
     recs = load(path)
+    if not split_ok(recs):
+        common.fail(f"{path}: records: held_out does not follow the split rule ({SPLIT_RULE})")
     rows = [r for rec in recs for r in price(rec, a.min_bytes)]
     if not rows:
         common.fail(f"{path}: records: no row at or above {a.min_bytes:g} bytes")
-    common.print_table("measured vs modelled bus bandwidth (GB/s; error > 0: the model is too fast)", rows,
-                       ["record", "bytes", "measured_busbw", "arachne_busbw", "arachne_error_pct", "flat_busbw",
-                        "flat_error_pct"])
+    show = [{"record": r["record"], "half": _half(r), "size": _size(r["bytes"]),
+             "GB/s": round(r["measured_busbw"]) if r["measured_busbw"] >= 10 else round(r["measured_busbw"], 1),
+             "err %": _pct(r["arachne_error_pct"]), "flat %": _pct(r["flat_error_pct"])} for r in rows]
+    common.print_table("busbw measured; err: arachne (> 0: too fast); half: cal/chk, *: degraded", show)
     by_cf = summarize(rows, ("collective", "fabric"))
-    common.print_table("per collective and fabric (each record once)", by_cf)
+    common.print_table("healthy records per collective and fabric: MAPE % (cal/chk halves), factor", 
+                       _group_rows(rows, ("collective", "fabric")))
     by_f = summarize(rows, ("fabric",))
-    common.print_table("per fabric", by_f)
+    common.print_table("healthy records per fabric", _group_rows(rows, ("fabric",)))
+    halves = _halves(rows)
+    overall = summarize([{**r, "all": "all"} for r in rows], ("all",))[0]
+    shipped = NetworkCalibration().efa_nic_efficiency
+    fitted = fit_efficiency(recs, "efa_nic_efficiency", "cloud-efa")
     multi = [r for r in rows if r["nodes"] > 1]
     single = [r for r in rows if r["nodes"] == 1]
-    overall = summarize([{**r, "all": "all"} for r in rows], ("all",))[0]
-    summary = {"records": len(recs), "rows": len(rows), "min_bytes": a.min_bytes,
+    summary = {"records": len(recs), "rows": len(rows), "min_bytes": a.min_bytes, "split_rule": SPLIT_RULE,
                "fabric_kinds": sorted({r["fabric"] for r in rows}),
                "arachne_mape_pct": overall["arachne_mape_pct"], "flat_mape_pct": overall["flat_mape_pct"],
-               "target_mape_pct": 15.0,
+               "target_mape_pct": 15.0, **halves,
+               "fitted": {"efa_nic_efficiency": {"shipped": shipped, "refit_on_calibration_half": fitted}},
                "multi_node": summarize([{**r, "all": "multi"} for r in multi], ("all",))[0] if multi else None,
                "single_node": summarize([{**r, "all": "single"} for r in single], ("all",))[0] if single else None,
                "by_collective_fabric": by_cf, "by_fabric": by_f}
     per_record = summarize(rows, ("record",))
     summary["records_within_15pct"] = sum(r["arachne_mape_pct"] <= 15 for r in per_record)
-    common.console.print(f"{len(recs)} records, {len(rows)} sizes >= {a.min_bytes:g} B: MAPE (records weighed "
-                         f"equally) arachne {overall['arachne_mape_pct']:.1f}%, flat ring "
-                         f"{overall['flat_mape_pct']:.1f}%; off by a factor of {overall['arachne_factor']:.2f} "
-                         f"(arachne) vs {overall['flat_factor']:.2f} (flat); arachne within 15% on "
-                         f"{summary['records_within_15pct']}/{len(per_record)} records", highlight=False)
+    con = common.console
+    for name in ("calibration", "check", "degraded"):
+        h = halves[name]
+        if h["records"]:
+            con.print(f"{name}: {h['records']} records, MAPE arachne {h['arachne_mape_pct']:.1f}% (within 15% on "
+                      f"{h['records_within_15pct']}), flat ring {h['flat_mape_pct']:.1f}%", highlight=False)
+    con.print(f"all {len(recs)} records, {len(rows)} sizes >= {a.min_bytes:g} B: MAPE arachne "
+              f"{overall['arachne_mape_pct']:.1f}%, flat {overall['flat_mape_pct']:.1f}%", highlight=False)
+    con.print(f"off by a factor of {overall['arachne_factor']:.2f} (arachne) vs {overall['flat_factor']:.2f} (flat)",
+              highlight=False)
+    con.print(f"efa_nic_efficiency: shipped {shipped:g}, refit on the calibration half "
+              f"{'-' if fitted is None else f'{fitted:.3f}'}", highlight=False)
     common.write_result(a.out, "collectives", rows, summary, {"data": str(path), "min_bytes": a.min_bytes},
                         benchmark="cost-model-collectives")

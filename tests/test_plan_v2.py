@@ -226,9 +226,12 @@ def test_estimate_carries_cost_keys_only_with_every_price():
     assert out["cost_per_hour"] == pytest.approx(16 * 2.5)
     assert out["cost_per_million_tokens"] == pytest.approx(16 * 2.5 / 3600 / est.tokens_per_s * 1e6)
     spec = H100.to_spec()
-    del spec["nodes"][1]["price_per_gpu_hour"]
-    unpriced = cluster_from_dict(spec)
-    out = CostModel(unpriced, profiles=None).estimate(plan_from_dict(_v1_on_h100())).to_doc()
+    del spec["nodes"][1]["price_per_gpu_hour"]  # the node takes the GPU catalog's default (formats v2 section 8)
+    est = CostModel(cluster_from_dict(spec), profiles=None).estimate(plan_from_dict(_v1_on_h100()))
+    default = H100.nodes[1].gpu.price_per_gpu_hour
+    assert est.to_doc()["cost_per_hour"] == pytest.approx(8 * 2.5 + 8 * default)
+    est.device_prices = {**est.device_prices, next(iter(est.peak_memory_bytes)): None}  # one device unpriced
+    out = est.to_doc()
     assert "cost_per_hour" not in out and "cost_per_million_tokens" not in out
 
 

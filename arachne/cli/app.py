@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "arachne.cli.estimate_cmds",
     "arachne.cli.plan_cmds",
     "arachne.cli.compare_cmds",
+    "arachne.cli.replay_cmds",
     "arachne.cli.policy_cmds",
     "arachne.cli.runtime_cmds",
 ]

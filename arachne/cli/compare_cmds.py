@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
         as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
         plot: Path | None = typer.Option(None, "--plot", help="write a bar chart (PNG/SVG/PDF)"),
+        objective: str = typer.Option("throughput", "--objective", help="throughput or cost (as for plan)"),
+        runtime: str = typer.Option("arachne", "--runtime", help="arachne, megatron, torchtitan or deepspeed"),
+        constraints: Path | None = typer.Option(None, "--constraints", help="YAML/JSON limits (as for plan)"),
     ) -> None:
         """Run planners side by side; every plan is priced by the same cost model."""
         import sys
@@ -55,6 +58,14 @@ def register(app: typer.Typer) -> None:
         job = Job(global_batch_size=global_batch_size, sequence_length=sequence_length, precision=precision)
         if (why := sequence_error(sequence_length, spec)) is not None:
             raise InputError("", "--sequence-length", why)
+        from arachne.planners.objective import Objective
+        from arachne.spec.constraints import load_constraints
+        from arachne.spec.runtimes import Legality
+
+        legality = Legality.of(runtime, load_constraints(constraints) if constraints is not None else None,
+                               str(constraints or ""))
+        goal = Objective(objective)  # type: ignore[arg-type]
+        goal.check_prices(cl)
         tty = sys.stderr.isatty()
         budget = SearchBudget(time_budget_s=time_budget, seed=seed, top_k=top_k, progress=tty)
 
@@ -62,7 +73,7 @@ def register(app: typer.Typer) -> None:
             if tty:
                 err_console.print(f"planning with {name} ...", style="dim")
 
-        rows = run_compare(cl, spec, job, names, budget, lambda: _cost_model(cl, profiles), started)
+        rows = run_compare(cl, spec, job, names, budget, lambda: _cost_model(cl, profiles), started, legality, goal)
         if any(r.plan is not None for r in rows):
             print_assumptions(cl, cluster)
         title = (f"{spec.name} on {cl.name} ({cl.num_gpus} GPUs), batch {global_batch_size} x {sequence_length}, "
@@ -77,6 +88,11 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"results": [r.to_doc() for r in rows]}, indent=2))
         else:
             console.print(compare_table(rows, title))
+            from arachne.planners.objective import usd_per_million_tokens
+
+            usd = [(r.planner, usd_per_million_tokens(r.estimate)) for r in rows if r.estimate is not None]
+            if usd and all(u is not None for _, u in usd):
+                console.print("USD per million tokens: " + ", ".join(f"{n} {u:,.4f}" for n, u in usd))
             if plot is not None and found:
                 console.print(f"chart written to {plot}")
         if not found:  # the rows say why for each planner; the exit code agrees with `plan`

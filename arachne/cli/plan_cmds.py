@@ -37,6 +37,17 @@ def register(app: typer.Typer) -> None:
                  "counted in work done (seconds on a 2-core reference machine), so the same input gets the "
                  "same plan under any load; a longer target runs the default search first, then keeps "
                  "improving on it"),
+        objective: str = typer.Option("throughput", "--objective",
+                                      help="throughput (default: most tokens/s) or cost (least USD per token; "
+                                           "may leave GPUs idle); needs prices (cluster or GPU catalog)"),
+        max_cost_per_hour: float | None = typer.Option(None, "--max-cost-per-hour",
+                                                       help="hard limit: USD per hour of the GPUs used"),
+        min_tokens_per_s: float | None = typer.Option(None, "--min-tokens-per-s", help="hard limit: tokens/s"),
+        runtime: str = typer.Option("arachne", "--runtime",
+                                    help="what must run the plan: arachne (default), megatron, torchtitan or "
+                                         "deepspeed (docs/planner.md lists each preset's rules)"),
+        constraints: Path | None = typer.Option(None, "--constraints",
+                                                help="YAML/JSON limits narrowing the runtime's (formats v2 10)"),
     ) -> None:
         """Find a fast plan that fits, print it with its estimate, optionally write the plan JSON."""
         import sys
@@ -66,10 +77,18 @@ def register(app: typer.Typer) -> None:
             raise InputError("", "--sequence-length", why)
         if target is not None and planner != "arachne":
             raise InputError("", "--target", f"only the arachne planner takes a latency target, not {planner!r}")
+        from arachne.planners.objective import Objective
+        from arachne.spec.constraints import load_constraints
+        from arachne.spec.runtimes import Legality
+
+        legality = Legality.of(runtime, load_constraints(constraints) if constraints is not None else None,
+                               str(constraints or ""))
+        goal = Objective(objective, max_cost_per_hour, min_tokens_per_s)  # type: ignore[arg-type]
+        goal.check_prices(cl)
         cm = _cost_model(cl, profiles)
         budget = SearchBudget(time_budget_s=time_budget, seed=seed, top_k=top_k, progress=sys.stderr.isatty())
         options = {"target_s": target} if target is not None else {}
-        plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget, **options)
+        plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget, legality, goal, **options)
         print_assumptions(cl, cluster)
         if output is not None:
             plan_doc.save(output)
@@ -88,6 +107,14 @@ def register(app: typer.Typer) -> None:
 
         ceiling = throughput_ceiling(cm, spec, global_batch_size, sequence_length, precision).tokens_per_s
         console.print(plan_report(plan_doc, est, plan_doc.planning_time_s, ceiling, result.stats.notes.get("work_s")))
+        from arachne.planners.objective import usd_per_million_tokens
+
+        if (usd := usd_per_million_tokens(est)) is not None:
+            console.print(f"cost ${est.cost_per_hour:,.2f} per hour for {len(plan_doc.devices)} of {cl.num_gpus} "
+                          f"GPUs, ${usd:,.4f} per million tokens")
+        if runtime != "arachne" or constraints is not None:
+            console.print(f"runtime {runtime}" + (f", constraints {constraints}" if constraints else "") +
+                          ": every rule holds")
         if output is not None:
             console.print(f"plan written to {output}")
         if plot is not None:

@@ -86,6 +86,13 @@ def register(app: typer.Typer) -> None:
         profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory for --measure"),
         lr: float = typer.Option(1e-3, "--lr", help="learning rate"),
         timeout: float = typer.Option(300.0, "--timeout", help="seconds a collective may wait before failing"),
+        elastic: bool = typer.Option(False, "--elastic", help="elastic: each node a torch elastic agent; re-plan "
+                                                               "when nodes leave or join (needs --simulate-devices)"),
+        min_nodes: int = typer.Option(1, "--min-nodes", min=1, help="--elastic: fewest nodes to run with"),
+        max_nodes: int | None = typer.Option(None, "--max-nodes", min=1, help="--elastic: most nodes (default: all)"),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, help="--elastic: save every N steps"),
+        horizon_steps: int = typer.Option(1000, "--horizon-steps", min=1,
+                                          help="--elastic: take a joining node only if that pays within N steps"),
     ) -> None:
         """Train a plan for real: one process per plan device, synthetic data, PyTorch distributed."""
         from arachne.plan import load_plan, validate_plan
@@ -106,6 +113,14 @@ def register(app: typer.Typer) -> None:
         refuse_v2(pl, model, str(plan), "arachne run")  # formats v2 features the runtime does not run yet
         db = _profile_db(profiles) if measure else None
         _need_torch("run")
+        if elastic:  # arachne/runtime/elastic_agent.py
+            from arachne.runtime.elastic_agent import ElasticConfig, run_from_cli
+
+            run_from_cli(pl, model, cl, ElasticConfig(
+                steps=steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,  # type: ignore[arg-type]
+                horizon_steps=horizon_steps, min_nodes=min_nodes, max_nodes=max_nodes, seed=seed, lr=lr,
+                timeout_s=timeout), simulate_devices, as_json)
+            return
 
         from arachne.runtime.launch import JobError, RunConfig, StepRecord, run_plan
 
@@ -256,10 +271,14 @@ def register(app: typer.Typer) -> None:
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
         refuse_v2(pl, model, str(plan), "export")  # formats v2 features the exports do not write yet
-        if fmt == "megatron":
-            mx = megatron_export(pl, model)
-            if not mx.ok:
-                fail(f"{plan}: Megatron-LM cannot express this plan: {'; '.join(mx.reasons)}", 2)
+        from arachne.runtime.export import runtime_refusal
+
+        mx = megatron_export(pl, model) if fmt == "megatron" else None
+        if mx is not None and not mx.ok:
+            fail(f"{plan}: Megatron-LM cannot express this plan: {'; '.join(mx.reasons)}", 2)
+        if (why := runtime_refusal(pl, cl, fmt)) is not None:  # the rules `plan --runtime` plans under
+            raise InputError(str(plan), why[0], why[1])
+        if mx is not None:
             if out is None:
                 print(shlex.join(mx.args))
                 for n in mx.notes:

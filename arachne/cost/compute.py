@@ -1,8 +1,9 @@
 """Per-layer compute time: measured profiles when they exist, else an analytic roofline model.
 
-The analytic model prices every GEMM of a block at ``peak * e_max * w / (w + w_half)`` (small
-GEMMs reach less of the peak), adds HBM traffic of the element-wise work (norms, activations,
-softmax over the score matrix when flash attention is not used) and kernel launches. Backward
+The analytic model prices every GEMM of a block at ``peak * e * w / (w + w_half)`` (e: the measured
+maximum-achievable matmul efficiency of the GPU's generation; small GEMMs reach less of it), adds HBM
+traffic of the element-wise work (norms, activations, softmax over the score matrix when flash attention
+is not used) and kernel launches. Backward
 is twice the forward GEMM work. Constants: :mod:`arachne.cost.calibration`.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arachne.cost.calibration import ComputeCalibration
+from arachne.cost.calibration import MATMUL_EFFICIENCY, ComputeCalibration
 from arachne.profiles.format import ProfileDB
 from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
@@ -65,18 +66,25 @@ class ComputeModel:
 
     # ---- analytic -----------------------------------------------------------------------------
     def _gemm(self, flops: float, peak: float) -> float:
-        c = self.cal
+        """Seconds of one GEMM of ``flops`` at ``peak`` (already the achievable rate, see :meth:`gemm_peak`)."""
         if flops <= 0:
             return 0.0
-        return flops / (peak * c.e_max * flops / (flops + c.w_half))
+        return flops / (peak * flops / (flops + self.cal.w_half))
+
+    def gemm_peak(self, gpu: GPUType, precision: str) -> float:
+        """Achievable large-GEMM FLOP/s: the dense peak times the measured efficiency of the GPU's generation
+        at that precision (``MATMUL_EFFICIENCY``), else times the fitted ``e_max``."""
+        key = "bf16" if precision == "fp16" else precision
+        eff = MATMUL_EFFICIENCY.get((gpu.generation, key), self.cal.e_max)
+        return gpu.peak_flops(precision) * eff
 
     def analytic_block(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                        ep: int, moe: bool, etp: int | None = None) -> tuple[float, float]:
         """Forward and backward seconds of one block (TP communication excluded); ``etp``: the routed experts'
         own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``."""
         c = self.cal
-        peak = gpu.peak_flops(precision)  # the Linear GEMMs (fp8 rate under fp8)
-        core = gpu.peak_flops(core_precision(precision))  # attention core and router stay bf16 under fp8
+        peak = self.gemm_peak(gpu, precision)  # the Linear GEMMs (fp8 rate under fp8)
+        core = self.gemm_peak(gpu, core_precision(precision))  # attention core and router stay bf16 under fp8
         h, a = model.hidden_size, model.num_attention_heads
         tokens = b * seq
         ab = act_bytes(precision)
@@ -124,7 +132,7 @@ class ComputeModel:
         emb_f = 3 * tokens * h * ab / hbm + 2 * self.cal.kernel_launch_s
         emb_b = 2 * emb_f
         logits = 2 * tokens * h * V / tp
-        peak = gpu.peak_flops(core_precision(precision))  # the output layer is not a TE Linear: bf16 under fp8
+        peak = self.gemm_peak(gpu, core_precision(precision))  # the output layer is not a TE Linear: bf16 under fp8
         loss_elem = 6 * tokens * V / tp * 4
         head_f = self._gemm(logits, peak) + (loss_elem + 2 * tokens * h * ab) / hbm + 4 * self.cal.kernel_launch_s
         head_b = 2 * self._gemm(logits, peak) + loss_elem / hbm + 4 * self.cal.kernel_launch_s

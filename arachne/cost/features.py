@@ -12,7 +12,7 @@ from arachne.cost.compute import (
     core_precision,
     uses_flash_attention,
 )
-from arachne.cost.memory import block_activation_bytes
+from arachne.cost.memory import block_activation_terms, torch_selective_bytes
 from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
 
@@ -58,7 +58,7 @@ def attention_core_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, pr
     """Forward seconds of one block's attention core (the two score GEMMs, plus the softmax/dropout passes
     over the score matrix without flash attention): what selective recomputation runs again in backward.
     Same terms as :meth:`ComputeModel.analytic_block`."""
-    peak = gpu.peak_flops(core_precision(precision))  # the attention core stays bf16 under fp8
+    peak = compute.gemm_peak(gpu, core_precision(precision))  # the attention core stays bf16 under fp8
     a = model.num_attention_heads
     gemm = compute._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
     gemm += compute._gemm(2 * b * a / tp * seq * seq * model.v_dim, peak)
@@ -77,15 +77,17 @@ def score_bytes(model: ModelSpec, seq: int, b: float, tp: int, precision: str) -
 
 
 def block_acts_v2(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str,
-                  cal: MemoryCalibration, sp: bool, selective: bool, etp: int | None = None) -> float:
-    """:func:`block_activation_bytes` with sequence parallelism (the activations outside the tp-split
-    GEMMs, ``act_replicated_sh * s b h``, split over tp) and selective recomputation (no score term)."""
-    v = block_activation_bytes(model, index, seq, b, tp, precision, cal, etp)
-    if sp and tp > 1:
-        v -= seq * b * cal.act_replicated_sh * model.hidden_size * act_bytes(precision) * (1 - 1 / tp)
-    if selective:
-        v -= score_bytes(model, seq, b, tp, precision)
-    return v
+                  cal: MemoryCalibration, sp: bool, selective: bool, etp: int | None = None,
+                  convention: str = "megatron") -> float:
+    """:func:`block_activation_terms` with sequence parallelism (the activations outside the tp-split
+    GEMMs split over tp, as Megatron keeps its sequence-parallel shards) and selective recomputation: the
+    score term dropped (Megatron's core-attention recomputation; nothing to drop under flash attention), or,
+    under the ``torch`` convention, what torchtitan's op-level selective checkpointing keeps
+    (:func:`torch_selective_bytes`)."""
+    if selective and convention == "torch" and precision != "fp32":
+        return torch_selective_bytes(model, seq, b, tp, precision)
+    rep, split, score = block_activation_terms(model, index, seq, b, tp, precision, cal, etp, convention)
+    return rep / (tp if sp and tp > 1 else 1) + split + (0.0 if selective else score)
 
 
 TE_AMAX_HISTORY_LEN = 1024

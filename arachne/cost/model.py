@@ -9,6 +9,9 @@ Primitives are cached by value, so re-pricing similar plans is cheap.
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 from arachne.cost.calibration import DEFAULT_CALIBRATION, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
 from arachne.cost.estimate import Estimate, StageEstimate
@@ -25,8 +28,8 @@ from arachne.cost.features import (
 )
 from arachne.cost.memory import (
     MemoryBreakdown,
-    block_activation_bytes,
     block_transient_bytes,
+    convention,
     head_transient_bytes,
     stage_expert_params,
     state_bytes_per_param,
@@ -34,7 +37,6 @@ from arachne.cost.memory import (
 from arachne.cost.network import Network
 from arachne.cost.pipeline import (
     PipelineMixin,
-    _block_acts_cached,
     _stage_params_cached,
 )
 from arachne.cost.schedule import in_flight
@@ -50,10 +52,26 @@ from arachne.spec.model import ModelSpec
 BREAKDOWN_KEYS = ("compute_s", "pipeline_bubble_s", "p2p_s", "tp_comm_s", "dp_sync_s", "ep_comm_s", "optimizer_s")
 PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_parallel", "selective_recompute",
                                                 "recompute_layers", "overlap_grad_reduce",
-                                                "overlap_param_gather", "zero_stage", "fp8", "etp", "cp"})
-# plan_rules.v2_fields_used features this cost model prices (zero_stage 3 with virtual_stages is refused)
+                                                "overlap_param_gather", "zero_stage", "fp8", "etp", "cp",
+                                                "framework", "grad_reduce_in_fp32"})
+# plan_rules.v2_fields_used features this cost model prices
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
+
+
+@lru_cache(maxsize=4096)
+def _dedup_fraction(experts: int, k: int, n: int, members: tuple[int, ...]) -> float:
+    """Cross-node bytes of a node-deduplicated dispatch over those of a per-expert one, for a member on the
+    node with the most members (``members``: the ring's members per node)."""
+    own = max(members)
+    k = min(k, experts)
+    per_expert = k * (n - own) / n  # copies of a token that leave its node, one per remote expert
+    if per_expert <= 0:
+        return 1.0
+    total = math.comb(experts, k)
+    nodes = sum(1 - math.comb(experts - round(experts * m / n), k) / total for m in members)
+    nodes -= 1 - math.comb(experts - round(experts * own / n), k) / total  # its own node is not crossed to
+    return min(1.0, nodes / per_expert)
 
 
 def _slowest(gpus: list[GPUType], precision: str) -> GPUType:
@@ -85,7 +103,7 @@ class CostModel(SyncMixin, PipelineMixin):
         self._sync_cache: dict[tuple, tuple] = {}
         self._starts: dict[int, tuple] = {}
         self._dev_flops: dict[str, dict[str, float]] = {}
-        self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw)
+        self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw, n.network)
                             for n in cluster.nodes}
         self._dev_node = {d: dev.node.name for d, dev in cluster.devices.items()}
         self._prices = {d: dev.node.price_per_gpu_hour for d, dev in cluster.devices.items()}
@@ -180,13 +198,15 @@ class CostModel(SyncMixin, PipelineMixin):
             if et is not None and n_moe:  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
                 ring, conc = self._expert_a2a_ring(st, g[0], et)
                 nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
-                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=conc)
+                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=conc,
+                                                                cross_fraction=self._dispatch_dedup(model, ring))
             elif ep > 1 and n_moe:
                 idx = groups.index(g)
                 base = idx - idx % ep
                 ring = [groups[base + k2][0] for k2 in range(ep)]
                 nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
-                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=tp)
+                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=tp,
+                                                                cross_fraction=self._dispatch_dedup(model, ring))
             if full:
                 tp_b, ep_b = tp_f * 2, ep_f * 2
             elif mode == "full" and k:  # the recomputed blocks' forward collectives again
@@ -209,6 +229,19 @@ class CostModel(SyncMixin, PipelineMixin):
         self._stage_cache[key] = worst
         return worst
 
+    def _dispatch_dedup(self, model: ModelSpec, ring: list[str]) -> float:
+        """The share of an MoE dispatch's cross-node bytes that a node-deduplicating dispatcher sends: a token
+        crosses to each other node that hosts at least one of its ``k`` experts once (DeepEP, Megatron-Core's
+        ``flex`` dispatcher; forwarded over the node's own links there), instead of once per chosen expert.
+        With uniform routing over ``E`` experts spread evenly over the ring's nodes, a node hosting ``E_n`` of
+        them is hit with probability ``1 - C(E - E_n, k) / C(E, k)``."""
+        per_node: dict[str, int] = {}
+        for d in ring:
+            per_node[self._dev_node[d]] = per_node.get(self._dev_node[d], 0) + 1
+        if len(per_node) <= 1:
+            return 1.0
+        return _dedup_fraction(model.num_experts, model.experts_top_k, len(ring), tuple(sorted(per_node.values())))
+
     def _expert_a2a_ring(self, st: Stage, dev: str, etp: int) -> tuple[list[str], int]:
         """The MoE all-to-all group of ``dev`` when the stage's devices are re-partitioned as ``ep x etp x edp``
         (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many such groups share
@@ -228,29 +261,36 @@ class CostModel(SyncMixin, PipelineMixin):
                      tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int,
                      zero_shards: int = 1, replicated: bool = False, recompute: bool | str = False,
                      rec_blocks: int | None = None, sp: bool = False, zero_level: int = 1,
-                     etp: int | None = None) -> MemoryBreakdown:
+                     etp: int | None = None, framework: str | None = None,
+                     grads_fp32: bool = True) -> MemoryBreakdown:
         """Bytes on one device of a stage holding ``layers`` with ``b`` sequences per micro-batch and
         ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``).
         Version 2: ``recompute`` may be ``"selective"``; with full recomputation ``rec_blocks`` (default all)
         leading blocks are recomputed; ``sp`` splits the non-GEMM activations over tp; ``zero_level`` 2 shards
-        the gradients as well as the optimizer state over ``zero_shards``."""
+        the gradients as well as the optimizer state over ``zero_shards``; ``framework`` the plan's memory
+        convention (None: by ``zero_level``); ``grads_fp32`` false keeps Megatron's main gradients in 16 bits."""
         key = (model.key, layers, first, last, num_stages, tp, ep, b, in_flight_mbs, precision, seq, zero_shards,
-               replicated, recompute, rec_blocks, sp, zero_level, etp)
+               replicated, recompute, rec_blocks, sp, zero_level, etp, framework, grads_fp32)
         hit = self._mem_cache.get(key)
         if hit is None:
             hit = self._mem_cache[key] = self._stage_memory(model, layers, first, last, num_stages, tp, ep, b,
                                                             in_flight_mbs, precision, seq, zero_shards, recompute,
-                                                            rec_blocks, sp, zero_level, etp)
+                                                            rec_blocks, sp, zero_level, etp, framework,
+                                                            grads_fp32)
         return hit
 
     def _stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
                       tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int, zero_shards: int,
                       recompute: bool | str, rec_blocks: int | None = None, sp: bool = False,
-                      zero_level: int = 1, etp: int | None = None) -> MemoryBreakdown:
+                      zero_level: int = 1, etp: int | None = None, framework: str | None = None,
+                      grads_fp32: bool = True) -> MemoryBreakdown:
         cal = self.cal.memory
         a, z = layers
+        conv = framework or convention(zero_level)  # default: zero_stage 3 -> plain torch, else Megatron
         params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep, etp)
         w, g, o = state_bytes_per_param(precision, cal)
+        if not grads_fp32 and precision != "fp32":  # main gradients in the 16-bit type
+            g = act_bytes(precision)
         if precision == "fp32":
             g += cal.fp32_grad_buffer
         # ZeRO-1 shards optimizer state over the replicas of each parameter: every replica holds the
@@ -264,50 +304,57 @@ class CostModel(SyncMixin, PipelineMixin):
         ab = act_bytes(precision)
         selective = recompute == "selective"
         k = 0 if not recompute or selective else (z - a if rec_blocks is None else min(rec_blocks, z - a))
-        v2 = sp or selective or (bool(recompute) and k < z - a)
-        if v2:  # version 2 (docs/cost-model.md, "Version-2 features")
-            split = tp if sp else 1
-            per_mb = k * seq * b * model.hidden_size * ab / split
-            per_mb += sum(block_acts_v2(model, i, seq, b, tp, precision, cal, sp, selective, etp) for i in range(a + k, z))
-            transient = max((block_acts_v2(model, i, seq, b, tp, precision, cal, sp, False, etp) for i in range(a, a + k)),
-                            default=0.0)
-            if first:
-                per_mb += seq * b * model.hidden_size * ab / split
-        elif recompute:
-            per_mb = (z - a) * seq * b * model.hidden_size * ab
-            transient = max((block_activation_bytes(model, i, seq, b, tp, precision, cal, etp) for i in range(a, z)),
-                            default=0.0)
-        else:
-            per_mb = _block_acts_cached(model, a, z, seq, b, tp, precision, cal, etp)
-            transient = 0.0
-        if first and not v2:
-            per_mb += seq * b * model.hidden_size * ab
+        split = tp if sp else 1
+        h = model.hidden_size
+
+        def acts(i: int, sel: bool) -> float:
+            return block_acts_v2(model, i, seq, b, tp, precision, cal, sp, sel, etp, conv)
+
+        per_mb = k * seq * b * h * ab / split  # fully recomputed blocks keep their input
+        per_mb += sum(acts(i, selective) for i in range(a + k, z))
+        # a recomputed block's activations exist again while its backward runs
+        transient = max((acts(i, False) for i in range(a, a + k)), default=0.0)
+        if selective and conv == "torch" and precision != "fp32":
+            transient = max(transient, max((acts(i, False) for i in range(a, z)), default=0.0))
+        if first:
+            per_mb += seq * b * h * ab / split
         fp8 = 0.0  # fp8 (version 2): weight copies and scaling state; GEMM inputs saved in fp8
         if precision == "fp8":
             per_mb -= (z - a - k) * fp8_act_saving(model, seq, b, tp, sp)
             fp8 = fp8_extra_state_bytes(model, _stage_params_cached(model, a, z, False, False, num_stages, tp, ep, etp),
                                         a, z, ep)
-        acts = per_mb * in_flight_mbs
+        activations = per_mb * in_flight_mbs
         transient += block_transient_bytes(model, seq, b, tp, precision, cal)
         if last:
-            transient += head_transient_bytes(model, seq, b, tp, cal)
-        dynamic = acts + transient
+            transient += head_transient_bytes(model, seq, b, tp, cal, precision, conv)
         fixed = cal.fp32_overhead_bytes if precision == "fp32" else cal.mixed_overhead_bytes
-        if zero_level >= 2 and zero_shards > 1:  # ZeRO-2: gradients sharded like the optimizer state, plus one
-            transient += min(params, MEGATRON_BUCKET_PARAMS) * g  # bucket of full gradients being reduced
-            weights = params * w
-            if zero_level >= 3:  # ZeRO-3: parameters sharded too, plus one gathered block as workspace
-                gathered = max((_stage_params_cached(model, i, i + 1, False, False, num_stages, tp, ep, etp)
-                                for i in range(a, z)), default=0.0)
-                weights = opt_params * w
-                transient += gathered * (w + (FP8_WEIGHT_COPY_BYTES if precision == "fp8" else 0.0))
-                fp8 *= opt_params / params if params else 0.0  # the shard's copies; the gathered block's above
-            weights += fp8
-            dynamic = acts + transient
-            overhead = fixed + cal.allocator_reserve * dynamic
-            return MemoryBreakdown(weights, opt_params * g, opt_params * o, acts, transient, overhead)
-        overhead = fixed + cal.allocator_reserve * dynamic
-        return MemoryBreakdown(params * w + fp8, params * g, opt_params * o, acts, transient, overhead)
+        if zero_level >= 3 and zero_shards > 1 and num_stages > 1 and precision != "fp32":
+            # FSDP inside a pipeline (torchtitan): a stage's parameters are gathered once per iteration and kept
+            # (no reshard after forward), gradients accumulate unsharded over the micro-batches (fp32, the
+            # reduce dtype) and are reduce-scattered after the last one; the fp32 state stays sharded
+            weights = opt_params * cal.fsdp_weight + params * ab + fp8
+            grads = opt_params * cal.fsdp_grad + params * cal.fsdp_pipeline_grad_bytes
+            optim = opt_params * cal.fsdp_optimizer
+        elif zero_level >= 3 and zero_shards > 1:  # FSDP: everything sharded; gathered 16-bit blocks as workspace
+            block = max((_stage_params_cached(model, i, i + 1, False, False, num_stages, tp, ep, etp)
+                         for i in range(a, z)), default=0.0)
+            gathered = block * (cal.fsdp_gathered_blocks * (ab + (FP8_WEIGHT_COPY_BYTES if precision == "fp8" else 0.0))
+                                + cal.fsdp_unsharded_grad_bytes)
+            if last:  # the output layer is gathered while the loss runs
+                gathered += model.head_params(tp) / tp * ab
+            transient += gathered
+            if precision == "fp32":
+                weights, grads, optim = opt_params * w, opt_params * g, opt_params * o
+            else:
+                weights, grads, optim = opt_params * cal.fsdp_weight, opt_params * cal.fsdp_grad, opt_params * cal.fsdp_optimizer
+            weights += fp8 * (opt_params / params if params else 0.0)  # the shard's copies; the gathered blocks' above
+        elif zero_level >= 2 and zero_shards > 1:  # ZeRO-2: main gradients sharded like the optimizer state, plus
+            transient += min(params, MEGATRON_BUCKET_PARAMS) * g  # one bucket of full gradients being reduced
+            weights, grads, optim = params * w + fp8, opt_params * g, opt_params * o
+        else:
+            weights, grads, optim = params * w + fp8, params * g, opt_params * o
+        overhead = fixed + cal.allocator_reserve * (activations + transient)
+        return MemoryBreakdown(weights, grads, optim, activations, transient, overhead)
 
     def _memory(self, model: ModelSpec, plan: Plan, st: Stage, s: int, S: int, m: int, mbs: int,
                 zero_shards: int, replicated: bool) -> MemoryBreakdown:
@@ -315,7 +362,8 @@ class CostModel(SyncMixin, PipelineMixin):
                                  mbs / st.dp_size / st.cp if st.cp > 1 else mbs / st.dp_size,
                                  in_flight(s, S, m, plan.schedule), plan.precision, plan.sequence_length,
                                  zero_shards if plan.zero_stage >= 1 else 1, replicated, st.recompute,
-                                 st.recompute_layers, st.sequence_parallel, plan.zero_stage, expert_tp(st))
+                                 st.recompute_layers, st.sequence_parallel, plan.zero_stage, expert_tp(st),
+                                 plan.framework, plan.grad_reduce_in_fp32 is not False)
 
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
@@ -353,10 +401,9 @@ class CostModel(SyncMixin, PipelineMixin):
         if validate:
             validate_plan(plan, self.cluster, model, source)
         v2 = uses_v2(plan)
-        z3 = plan.zero_stage == 3
-        if z3 and any(p.virtual_stages > 1 for p in plan.pipelines):  # the first v2 field in document order
-            raise InputError(source, "zero_stage", "not priced yet by this version's cost model (ZeRO stage 3 with "
-                                                   "virtual_stages)")
+        # ZeRO-3 gathers and reduce-scatters per micro-batch only without pipelining; with stages, FSDP
+        # gathers once per iteration (torchtitan's FSDP + PP), which is ZeRO-2's traffic
+        z3 = plan.zero_stage == 3 and all(len(p.stages) == 1 for p in plan.pipelines)
         if v2 and (bad := unpriced_features(plan, PRICED_V2_FEATURES)):
             raise InputError(source, bad[0][0], f"not priced yet by this version's cost model ({FEATURES[bad[0][1]]})")
         devs = self.cluster.devices

@@ -7,21 +7,22 @@ from arachne.cost.compute import act_bytes
 from arachne.cost.features import chunk_recomputed_blocks, expert_tp
 from arachne.cost.memory import MemoryBreakdown, block_activation_bytes, stage_params
 from arachne.cost.schedule import interleaved_in_flight, interleaved_time, pipeline_time
-from arachne.cost.sync import exposed_sync
+from arachne.cost.sync import exposed_sync, gather_share
 from arachne.plan import Plan
 from arachne.spec.model import ModelSpec
 
 
-def zero3_row(r: tuple, t: float, n_blocks: int, overlap_gather: bool, overlap_reduce: bool) -> tuple:
+def zero3_row(r: tuple, t: float, n_blocks: int, overlap_gather: bool, overlap_reduce: bool,
+              ag_share: float = 0.5) -> tuple:
     """A stage row with ZeRO-3's traffic per micro-batch: the stage's parameters all-gathered before the
     forward and again before the backward, its gradients reduce-scattered after it, each half of the
     stage's all-reduce-equivalent sync ``t`` on the same replica rings (ring all-reduce = reduce-scatter +
     all-gather). Overlapped (``overlap_param_gather`` / ``overlap_grad_reduce``) the traffic hides behind
     the pass's compute block by block, all but one block's share; otherwise it is exposed. Appends the
     exposed seconds per micro-batch (``zero_comm_s``)."""
-    half, n = t / 2, max(1, n_blocks)
-    g_f = max(half / n, half - r[0]) if overlap_gather else half
-    hidden = (half if overlap_gather else 0.0) + (half if overlap_reduce else 0.0)
+    ag, rs, n = t * ag_share, t * (1 - ag_share), max(1, n_blocks)
+    g_f = max(ag / n, ag - r[0]) if overlap_gather else ag
+    hidden = (ag if overlap_gather else 0.0) + (rs if overlap_reduce else 0.0)
     g_b = (t - hidden) + (max(hidden / n, hidden - r[1]) if hidden else 0.0)
     return (r[0] + g_f, r[1] + g_b, *r[2:8], g_f + g_b, *r[9:])
 
@@ -34,12 +35,13 @@ class PipelineMixin:
         """Per stage times and (memory, capacity), the transfers and the schedule's time of one pipeline
         (``zero3_sync``: with ZeRO-3, each stage's all-reduce-equivalent sync time, see :func:`zero3_row`)."""
         if p.virtual_stages > 1:
-            return self._price_interleaved(model, plan, p, mbs, reps)
+            return self._price_interleaved(model, plan, p, mbs, reps, zero3_sync)
         devs = self.cluster.devices
         S = len(p.stages)
         rows = [self._stage(model, st, si == 0, si == S - 1, mbs, plan) for si, st in enumerate(p.stages)]
         if zero3_sync is not None:
-            rows = [zero3_row(r, zero3_sync[si], st.num_layers, plan.overlap_param_gather, plan.overlap_grad_reduce)
+            rows = [zero3_row(r, zero3_sync[si], st.num_layers, plan.overlap_param_gather, plan.overlap_grad_reduce,
+                              gather_share(plan))
                     for si, (st, r) in enumerate(zip(p.stages, rows))]
         act = mbs * plan.sequence_length * model.hidden_size * act_bytes(plan.precision)
         send_f = [0.0] * S
@@ -63,18 +65,24 @@ class PipelineMixin:
                 sum(len(st.devices) for st in p.stages), all(r[12] <= r[13] for r in out_rows),
                 max(r[12] for r in out_rows))
 
-    def _price_interleaved(self, model: ModelSpec, plan: Plan, p, mbs: int, reps: tuple[int, ...]) -> tuple:
+    def _price_interleaved(self, model: ModelSpec, plan: Plan, p, mbs: int, reps: tuple[int, ...],
+                           zero3_sync: tuple[float, ...] | None = None) -> tuple:
         """:meth:`_price_pipeline` for ``virtual_stages > 1``: every chunk priced on its own (embedding with
         chunk 0 of stage 0, head with the last chunk of the last stage), transfers between consecutive chunks
         (the last stage's chunk j sends to stage 0's chunk j + 1: the link that crosses back), the
-        interleaved 1F1B timeline, and memory of the chunks in flight. Rows report per stage the sums over
-        its chunks."""
+        interleaved 1F1B timeline, and memory of the chunks in flight. With ZeRO-3 each chunk gathers and
+        reduce-scatters its own blocks' share of the stage's sync (:func:`zero3_row`). Rows report per stage
+        the sums over its chunks."""
         devs = self.cluster.devices
         crows, sf, sb = self.interleaved_chunks(model, plan, p, mbs)
+        if zero3_sync is not None:
+            crows = [[zero3_row(r, zero3_sync[si] * (b - a) / st.num_layers, b - a, plan.overlap_param_gather,
+                                plan.overlap_grad_reduce, gather_share(plan)) for r, (a, b) in zip(cr, st.ranges)]
+                     for si, (st, cr) in enumerate(zip(p.stages, crows))]
         T = interleaved_time(tuple(tuple(r[0] for r in cr) for cr in crows), tuple(tuple(r[1] for r in cr) for cr in crows),
                              sf, sb, p.micro_batches)
         rows = [tuple(sum(r[i] for r in cr) for i in range(5)) + (cr[0][5], cr[0][6], sum(r[7] for r in cr))
-                + ((0.0, sum(r[9] for r in cr)) if len(cr[0]) > 9 else ()) for cr in crows]
+                + tuple(sum(r[i] for r in cr) for i in range(8, len(cr[0]))) for cr in crows]
         send_f, send_b = [sum(x) for x in sf], [sum(x) for x in sb]
         mems = []
         for si, st in enumerate(p.stages):
@@ -114,7 +122,8 @@ class PipelineMixin:
                                    mbs / st.dp_size / st.cp if st.cp > 1 else mbs / st.dp_size, counts[c],
                                    plan.precision, plan.sequence_length,
                                    D if plan.zero_stage >= 1 else 1, D > 1, st.recompute, ks[c] if st.recompute is True
-                                   else None, st.sequence_parallel, plan.zero_stage, expert_tp(st))
+                                   else None, st.sequence_parallel, plan.zero_stage, expert_tp(st), plan.framework,
+                                   plan.grad_reduce_in_fp32 is not False)
                  for c, rng in enumerate(st.ranges)]
         cal = self.cal.memory
         acts = sum(x.activations for x in parts)
@@ -136,7 +145,7 @@ class PipelineMixin:
                                               si == S - 1 and c == len(st.ranges) - 1, S, st.tp, st.ep, expert_tp(st))
                          for c, (a, z) in enumerate(st.ranges))
             worst = max(worst, exposed_sync(times[si], params, rows[si][1], fwd_before, plan.zero_stage >= 1,
-                                            plan.overlap_grad_reduce, plan.overlap_param_gather))
+                                            plan.overlap_grad_reduce, plan.overlap_param_gather, gather_share(plan)))
         return worst
 
     def _optimizer_time(self, model: ModelSpec, plan: Plan, replicas: dict[tuple[int, int], int]) -> float:

@@ -158,8 +158,11 @@ def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[fl
     """Makespan of one interleaved pipeline. ``fwd[s][c]``/``bwd[s][c]``: chunk c of stage s per
     micro-batch; ``send_fwd[s][c]``: its output to the next chunk in model order (stage s+1 chunk c, or,
     from the last stage, stage 0 chunk c+1: the transfer that crosses back); ``send_bwd[s][c]``: its input
-    gradient to the previous chunk (stage s-1 chunk c, or from stage 0 to stage S-1 chunk c-1). Sends
-    occupy the sender, as in :func:`simulate`; ``record`` as there, with the chunk of each operation."""
+    gradient to the previous chunk (stage s-1 chunk c, or from stage 0 to stage S-1 chunk c-1). Sends do
+    not occupy the sender: Megatron-LM overlaps point-to-point communication with computation in its
+    interleaved schedule (``overlap_p2p_comm``, on by default there: isend/irecv posted before the next
+    chunk's compute, waited for when its input is needed), so a transfer only delays its receiver.
+    ``record`` as in :func:`simulate`, with the chunk of each operation."""
     S, v = len(fwd), len(fwd[0])
     ops = interleaved_ops(S, v, m)
     f_done = [[[-1.0] * m for _ in range(v)] for _ in range(S)]  # arrival of F(s, c, j)'s output downstream
@@ -186,8 +189,7 @@ def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[fl
                         record.append((s, FWD, c, j, t, t + fwd[s][c], t + fwd[s][c] + send_fwd[s][c]))
                     t += fwd[s][c]
                     own_f[s][c][j] = t
-                    t += send_fwd[s][c]
-                    f_done[s][c][j] = t
+                    f_done[s][c][j] = t + send_fwd[s][c]
                 else:
                     if s < last or c < v - 1:
                         ready = b_done[s + 1][c][j] if s < last else b_done[0][c + 1][j]
@@ -199,8 +201,7 @@ def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[fl
                     if record is not None:
                         record.append((s, BWD, c, j, t, t + bwd[s][c], t + bwd[s][c] + send_bwd[s][c]))
                     t += bwd[s][c]
-                    t += send_bwd[s][c]
-                    b_done[s][c][j] = t
+                    b_done[s][c][j] = t + send_bwd[s][c]
                 p += 1
             if p != ptr[s]:
                 remaining -= p - ptr[s]

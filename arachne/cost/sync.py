@@ -1,5 +1,6 @@
 """Data-parallel gradient synchronisation: the all-reduce among every group holding the same layers
-(across pipelines of different structure), priced hierarchically on the network model."""
+(across pipelines of different structure), priced on the network model (NCCL's ring, or its tree / NVLink SHARP
+where faster; the ring alone under a sharded optimizer, whose reduce-scatter and all-gather are rings)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class SyncMixin:
         stage's layers, and per pipeline each stage's sync time.
         Cached by the identity of the plan's stage objects (a search re-prices the same stages with other
         micro-batch counts and sizes); the entry holds them alive, so equal ids are the same stages."""
-        key = (model.key, plan.precision, tuple(tuple(map(id, p.stages)) for p in plan.pipelines))
+        key = (model.key, plan.precision, plan.zero_stage >= 1, plan.grad_reduce_in_fp32 is False,
+               tuple(tuple(map(id, p.stages)) for p in plan.pipelines))
         hit = self._sync_cache.get(key)
         if hit is None:
             if len(self._sync_cache) >= IDENTITY_CACHE_SIZE:
@@ -33,7 +35,15 @@ class SyncMixin:
 
     def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]], list[tuple[float, ...]]]:
         prec = plan.precision
-        grad_b = 4.0 if prec == "fp32" else 2.0
+        # gradients are reduced in fp32 unless the plan says otherwise (``grad_reduce_in_fp32``: Megatron-LM
+        # with bf16 and torchtitan's FSDP reduce in fp32 by default)
+        grad_b = grad_bytes(plan)
+        # a sharded optimizer reduce-scatters the gradients (grad_b) and all-gathers the parameters (their
+        # 16-bit copies): the all-reduce-equivalent time below becomes RS + AG at their own bytes
+        zero_scale = 0.5 + 0.5 * param_bytes(plan) / grad_b if plan.zero_stage >= 1 else 1.0
+        # a sharded optimizer reduce-scatters gradients and all-gathers parameters: NCCL rings, never the
+        # all-reduce's tree or NVLink SHARP (docs/cost-model.md, "Communication")
+        alg = "ring" if plan.zero_stage >= 1 else None
         L = model.num_layers
         # segment boundaries: every stage boundary of every pipeline
         pipes = [_SyncView.of(p) for p in plan.pipelines]  # interleaved: one pseudo-stage per chunk
@@ -81,14 +91,14 @@ class SyncMixin:
                 for r in parts:
                     for n, k in r[5].items():
                         nodes[n] += k
-            t = self.network.ring_all_reduce_time(D, nodes, dense / min_tp * grad_b, concurrent=max_tp)
+            t = self.network.ring_all_reduce_time(D, nodes, dense / min_tp * grad_b, max_tp, alg)
             if expert and any(r[8] for r in parts):  # etp != tp: the expert replicas (edp), etp fastest then ep
                 ep_bytes = expert / (min(r[6] for r in parts) * min(r[3] for r in parts)) * grad_b
                 ring = []
                 for pi, p in enumerate(pipes):
                     s = p.stages[bisect.bisect_right(starts[pi], lo) - 1]
                     ring += s.devices[::s.ep * (expert_tp(s) or s.tp)]
-                t += self.network.all_reduce_time(ring, ep_bytes, concurrent=max(r[7] for r in parts))
+                t += self.network.all_reduce_time(ring, ep_bytes, max(r[7] for r in parts), alg)
             elif expert:
                 ep = max(r[4] for r in parts)
                 ep_bytes = expert / (min_tp * min(r[3] for r in parts)) * grad_b
@@ -96,11 +106,11 @@ class SyncMixin:
                     groups = []
                     for pi, p in enumerate(pipes):
                         groups += p.stages[bisect.bisect_right(starts[pi], lo) - 1].groups()
-                    t += self.network.all_reduce_time([grp[0] for grp in groups][::ep], ep_bytes, concurrent=max_tp)
+                    t += self.network.all_reduce_time([grp[0] for grp in groups][::ep], ep_bytes, max_tp, alg)
                 else:
-                    t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, concurrent=max_tp)
+                    t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, max_tp, alg)
             for k, si in held:
-                agg[k][3][si] += t
+                agg[k][3][si] += t * zero_scale
         replicas: list[tuple[int, ...]] = [()] * len(plan.pipelines)
         stage_times: list[tuple[float, ...]] = [()] * len(plan.pipelines)
         t_sync = 0.0
@@ -156,20 +166,37 @@ class _SyncView:
         return _SyncView(p, chunks, S)
 
 
+def grad_bytes(plan: Plan) -> float:
+    """Bytes per parameter of the gradient reduction: fp32 unless the plan says ``grad_reduce_in_fp32: false``
+    (Megatron-LM with bf16 and torchtitan's FSDP reduce in fp32 by default)."""
+    return 2.0 if plan.grad_reduce_in_fp32 is False and plan.precision != "fp32" else 4.0
+
+
+def param_bytes(plan: Plan) -> float:
+    """Bytes per parameter of a sharded optimizer's parameter all-gather (the 16-bit compute copy)."""
+    return 4.0 if plan.precision == "fp32" else 2.0
+
+
+def gather_share(plan: Plan) -> float:
+    """The parameter all-gather's share of a sharded sync (RS of gradients + AG of parameters)."""
+    g, p = grad_bytes(plan), param_bytes(plan)
+    return p / (g + p)
+
+
 MEGATRON_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``DistributedDataParallelConfig.bucket_size``: max(40M, 1M x dp)
 parameters; megatron/core/distributed/distributed_data_parallel.py); we use the 40M floor."""
 
 
 def exposed_sync(t: float, params: float, bwd_window: float, fwd_window: float, zero: bool,
-                 overlap_grad: bool, overlap_param: bool) -> float:
+                 overlap_grad: bool, overlap_param: bool, ag_share: float = 0.5) -> float:
     """The part of one stage's gradient sync ``t`` (seconds, for ``params`` parameters per device) not hidden by
-    overlap. With a sharded optimizer (``zero``) the sync is a reduce-scatter and an all-gather of equal
-    bytes (half each on the ring); without, one all-reduce (the reduce part). The reduction overlaps the
+    overlap. With a sharded optimizer (``zero``) the sync is a reduce-scatter and an all-gather (``ag_share``
+    of ``t``: :func:`gather_share`); without, one all-reduce (the reduce part). The reduction overlaps the
     last micro-batch's backward (``bwd_window``) bucket by bucket, all but the last bucket; the parameter
     gather overlaps the next iteration's forward up to this stage (``fwd_window``), all but the first bucket."""
     frac = min(1.0, MEGATRON_BUCKET_PARAMS / params) if params > 0 else 1.0
-    rs, ag = (t / 2, t / 2) if zero else (t, 0.0)
+    rs, ag = (t * (1 - ag_share), t * ag_share) if zero else (t, 0.0)
     if overlap_grad:
         rs = max(rs * frac, rs - bwd_window)
     if overlap_param:

@@ -14,6 +14,7 @@ from arachne.cost import CostModel, Estimate
 from arachne.cost.feasibility import memory_shortfall_message, model_state_bounds
 from arachne.errors import InputError, NoFeasiblePlanError
 from arachne.plan import Plan
+from arachne.planners.objective import Objective
 from arachne.planners.protocol import PlannerResult, SearchBudget
 from arachne.planners.registry import (
     PLANNERS,
@@ -25,45 +26,150 @@ from arachne.planners.registry import (
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job, sequence_error
 from arachne.spec.model import ModelSpec
+from arachne.spec.runtimes import Legality, megatron_split_error
 
 
-def best_priced(plans: list[Plan], cost_model: CostModel) -> tuple[Plan, Estimate] | None:
-    """The fastest plan that fits among ``plans`` under the common cost model."""
+def best_priced(plans: list[Plan], cost_model: CostModel, legality: Legality | None = None,
+                objective: Objective | None = None) -> tuple[Plan, Estimate] | None:
+    """The best plan that fits among ``plans`` under the common cost model: the fastest, or with ``objective``
+    the best by its score within its limits; with ``legality`` only plans that satisfy it (a plan whose ZeRO
+    stage or Megatron layer split alone breaks the rules is also tried in its nearest legal forms)."""
+    return select(plans, cost_model, legality, objective)[0]
+
+
+def select(plans: list[Plan], cost_model: CostModel, legality: Legality | None = None,
+           objective: Objective | None = None) -> tuple[tuple[Plan, Estimate] | None, str | None]:
+    """:func:`best_priced`, plus (when nothing qualifies but some plan fits) the first rule or limit that the
+    fitting plans break, in words."""
+    rules = legality if legality is not None and not legality.free else None
+    goal = objective or Objective()
     best: tuple[Plan, Estimate] | None = None
+    why: str | None = None
+    cluster = cost_model.cluster
+    closest: Estimate | None = None  # the best fitting, legal plan outside the objective's limits
     for p in plans:
-        try:
-            est = cost_model.estimate(p)
-        except InputError:
+        for cand in (legal_variants(p, rules) if rules is not None else [p]):
+            if rules is not None and (errs := rules.errors(cand, cluster)):
+                if why is None and _fits(cost_model, cand):  # say which rule only where memory is not the reason
+                    why = f"{errs[0][0]}: {errs[0][1]}"
+                continue
+            try:
+                est = cost_model.estimate(cand)
+            except InputError:
+                continue
+            if not est.fits:
+                continue
+            if goal.limit_error(est) is not None:
+                if closest is None or _nearer(goal, est, closest):
+                    closest = est
+                continue
+            if best is None or goal.score(est) < goal.score(best[1]):
+                best = (cand, est)
+    if best is None and closest is not None:
+        why = f"no plan meets {goal.limit_error(closest)}"
+    return best, (None if best is not None else why)
+
+
+def _fits(cost_model: CostModel, plan: Plan) -> bool:
+    try:
+        return cost_model.estimate(plan).fits
+    except InputError:
+        return False
+
+
+def _nearer(goal: Objective, a: Estimate, b: Estimate) -> bool:
+    """Whether ``a`` is nearer the objective's limits than ``b``: cheaper under a cost limit, else faster."""
+    if goal.max_cost_per_hour is not None:
+        return (a.cost_per_hour or float("inf")) < (b.cost_per_hour or float("inf"))
+    return a.tokens_per_s > b.tokens_per_s
+
+
+def legal_variants(plan: Plan, legality: Legality) -> list[Plan]:
+    """``plan`` and, where its ZeRO stage or (Megatron) layer split breaks ``legality``, the same plan at each
+    allowed ZeRO stage and with the nearest Megatron-expressible splits (the harness prices them all)."""
+    out = [plan]
+    zs = legality.constraints.zero_stages
+    if zs is not None and plan.zero_stage not in zs:
+        out = [plan.model_copy(update={"zero_stage": z}) for z in sorted(zs)]
+    if legality.runtime.megatron_split and all(p.virtual_stages == 1 for p in plan.pipelines):
+        ref = [s.num_layers for s in plan.pipelines[0].stages]
+        if megatron_split_error(ref) is not None:
+            out = [v for p in out for v in [p, *(_resplit(p, c) for c in _megatron_splits(ref))]]
+    return out
+
+
+def _megatron_splits(counts: list[int]) -> list[list[int]]:
+    """Per-stage layer counts near ``counts`` whose middle stages are equal (at most six)."""
+    S, L = len(counts), sum(counts)
+    mid = sum(counts[1:-1]) / (S - 2)
+    found: list[list[int]] = []
+    for m in sorted({int(mid), int(mid) + 1} - {0}):
+        rest = L - m * (S - 2)
+        for first in (counts[0], counts[0] - 1, counts[0] + 1, rest - counts[-1]):
+            c = [first, *[m] * (S - 2), rest - first]
+            if min(c) >= 1 and c not in found:
+                found.append(c)
+    return found[:6]
+
+
+def _resplit(plan: Plan, counts: list[int]) -> Plan:
+    """``plan`` with every pipeline's stages holding ``counts`` layers (pipelines of that many stages)."""
+    pipes = []
+    for p in plan.pipelines:
+        if len(p.stages) != len(counts):
+            pipes.append(p)
             continue
-        if est.fits and (best is None or est.iteration_time_s < best[1].iteration_time_s):
-            best = (p, est)
-    return best
+        edges, stages = 0, []
+        for st, c in zip(p.stages, counts):
+            stages.append(st.model_copy(update={"layers": (edges, edges + c)}))
+            edges += c
+        pipes.append(p.model_copy(update={"stages": tuple(stages)}))
+    return plan.model_copy(update={"pipelines": tuple(pipes)})
 
 
 def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel | None = None,
-                budget: SearchBudget = SearchBudget(), **options: Any) -> tuple[Plan, Estimate, PlannerResult]:
+                budget: SearchBudget = SearchBudget(), legality: Legality | None = None,
+                objective: Objective | None = None, **options: Any) -> tuple[Plan, Estimate, PlannerResult]:
     """Plan, re-price the top-k with the common cost model, and stamp the winner.
 
-    Raises :class:`NoFeasiblePlanError` (saying by how much memory falls short) when nothing fits."""
+    ``legality`` (runtime preset and constraints) and ``objective`` are applied here, the same way for every
+    planner; a planner with a ``restrict(legality, objective)`` method is also told them before it searches.
+    Raises :class:`NoFeasiblePlanError` (saying by how much memory falls short, or which rule or limit no
+    plan met) when nothing qualifies, and :class:`InputError` when the objective needs a price the cluster
+    lacks."""
     cost_model = cost_model or CostModel(cluster)
     planner = get_planner(name, **options)
     if (why := sequence_error(job.sequence_length, model)) is not None:
         raise InputError("", "sequence_length", why)
+    if objective is not None:
+        objective.check_prices(cluster)
     need, have = model_state_bounds(cluster, model, job)
     if need > have:  # no layout can fit: say so now instead of searching the whole budget
         raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name))
+    restricted = (legality is not None and not legality.free) or (objective is not None and not objective.default)
+    if restricted and hasattr(planner, "restrict"):
+        planner.restrict(legality, objective)
     t0 = time.perf_counter()
     before = cost_model.estimates
     result = planner.plan(cluster, model, job, cost_model, budget)
-    chosen = best_priced(result.plans[: max(1, budget.top_k)], cost_model)
+    chosen, why = select(result.plans if restricted else result.plans[: max(1, budget.top_k)], cost_model,
+                         legality, objective)
     elapsed = time.perf_counter() - t0
     result.stats.wall_time_s = elapsed
     result.stats.plans_priced = cost_model.estimates - before
     if chosen is None:
-        raise NoFeasiblePlanError(memory_shortfall_message(cluster, model, job, name,
-                                                           result.stats.notes.get("closest_unfit"),
-                                                           result.stats.timed_out))
+        if why is not None:
+            runtime = f" (runtime {legality.runtime.name})" if legality is not None else ""
+            raise NoFeasiblePlanError(f"{name}: no plan that fits satisfies the rules{runtime}: {why}"
+                                      if not why.startswith("no plan meets") else f"{name}: {why}")
+        msg = memory_shortfall_message(cluster, model, job, name, result.stats.notes.get("closest_unfit"),
+                                       result.stats.timed_out)
+        if legality is not None and not legality.free:
+            msg += f" (searching only plans the {legality.runtime.name} runtime and the constraints allow)"
+        raise NoFeasiblePlanError(msg)
     plan, est = chosen
+    if plan.planner and plan.planner != name:  # a planner may offer another's plans (arachne: a framework's grid)
+        result.stats.notes["chosen_from"] = plan.planner
     plan = plan.model_copy(update={"planner": name, "planning_time_s": round(elapsed, 6),
                                    "estimate": est.to_doc(details=False)})
     return plan, est, result
@@ -117,8 +223,9 @@ def parse_planners(text: str | None, model: ModelSpec) -> list[str]:
 
 def run_compare(cluster: Cluster, model: ModelSpec, job: Job, planners: list[str], budget: SearchBudget,
                 cost_model: Callable[[], CostModel] | None = None,
-                on_start: Callable[[str], None] | None = None) -> list[CompareRow]:
-    """Run each planner with the same inputs and budget; one row per planner, in the given order."""
+                on_start: Callable[[str], None] | None = None, legality: Legality | None = None,
+                objective: Objective | None = None) -> list[CompareRow]:
+    """Run each planner with the same inputs, budget, rules and objective; one row per planner, in order."""
     make = cost_model or (lambda: CostModel(cluster))
     rows = []
     for name in planners:
@@ -127,7 +234,7 @@ def run_compare(cluster: Cluster, model: ModelSpec, job: Job, planners: list[str
         cm = make()
         t0 = time.perf_counter()
         try:
-            plan, est, result = run_planner(name, cluster, model, job, cm, budget)
+            plan, est, result = run_planner(name, cluster, model, job, cm, budget, legality, objective)
             stats = result.stats
             rows.append(CompareRow(name, plan, est, stats.wall_time_s, stats.plans_priced, None, stats.timed_out,
                                    stats.candidates, dict(stats.notes)))

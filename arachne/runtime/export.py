@@ -16,6 +16,21 @@ from arachne.spec.model import ModelSpec
 from arachne.spec.names import check_name
 
 RANKMAP_FORMAT = "arachne-rankmap/1"
+EXPORT_RUNTIME = {"megatron": "megatron", "torchrun": "arachne"}
+"""The runtime preset (:mod:`arachne.spec.runtimes`) whose rules each export format's framework follows."""
+
+
+def runtime_refusal(plan: Plan, cluster: Cluster, fmt: str) -> tuple[str, str] | None:
+    """(plan field, one-line reason) for the first rule of the format's runtime preset that ``plan`` breaks
+    (the same rules ``arachne plan --runtime`` plans under); None when the framework can run it."""
+    from arachne.spec.runtimes import Legality
+
+    legality = Legality.of(EXPORT_RUNTIME[fmt])
+    errs = legality.errors(plan, cluster)
+    if not errs:
+        return None
+    field, reason = errs[0]
+    return field, f"the {legality.runtime.name} runtime cannot run this plan: {reason}"
 
 
 def _node(device: str) -> str:

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,6 +29,9 @@ class NodeGroupSpec(BaseModel):
     zone: str | None = None
     price_per_gpu_hour: float | None = Field(default=None, ge=0)
     """Formats v2: USD per GPU-hour of these nodes (overrides the GPU type's price)."""
+    network: Literal["infiniband", "roce", "efa", "ethernet"] | None = None
+    """Formats v2: the fabric of ``inter_node_gbps`` (the share of its line rate NCCL reaches depends on it);
+    none: priced as InfiniBand."""
 
 
 class ClusterGPUType(CustomGPUType):
@@ -66,6 +69,8 @@ class Node:
     intra_node_gbps: float | None = None  # the document's override, kept for round trips
     price_per_gpu_hour: float | None = None
     """USD per GPU-hour: the node's, else its ``gpu_types`` entry's, else the catalog's (if any)."""
+    network: str | None = None
+    """The document's ``network`` (fabric kind of the NICs), None when it names none."""
 
     @property
     def per_flow_bw(self) -> float:
@@ -131,7 +136,7 @@ class Cluster:
         """The cluster restricted to some nodes (re-indexed)."""
         keep = [n for n in self.nodes if n.name in node_names]
         nodes = tuple(Node(n.name, i, n.gpu, n.num_gpus, n.inter_node_bw, n.intra_node_bw, n.nics, n.zone,
-                           n.intra_node_gbps, n.price_per_gpu_hour) for i, n in enumerate(keep))
+                           n.intra_node_gbps, n.price_per_gpu_hour, n.network) for i, n in enumerate(keep))
         return Cluster(name or self.name, nodes, self.catalog)
 
     def to_spec(self) -> dict[str, Any]:
@@ -146,6 +151,8 @@ class Cluster:
                 entry["intra_node_gbps"] = n.intra_node_gbps
             if n.price_per_gpu_hour is not None:
                 entry["price_per_gpu_hour"] = n.price_per_gpu_hour
+            if n.network is not None:
+                entry["network"] = n.network
             nodes.append(entry)
         custom = [g for g in self.gpu_types.values() if gpu_catalog().get(g.name) != g]
         doc: dict[str, Any] = {"name": self.name, "nodes": nodes}
@@ -197,7 +204,7 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
                 raise InputError(source, f"nodes[{gi}].name", f"duplicate node name {name!r}")
             seen.add(name)
             nodes.append(Node(name, len(nodes), gpu, per_node, inter, intra, nics, group.zone, group.intra_node_gbps,
-                              price))
+                              price, group.network))
     return Cluster(spec.name, tuple(nodes), catalog, tuple(assumed))
 
 

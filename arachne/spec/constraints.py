@@ -136,3 +136,30 @@ def constraint_errors(plan: Plan, constraints: Constraints, cluster: Cluster | N
                                                        "do not allow tensor parallelism across nodes"))
                         break
     return errs
+
+
+def intersect(a: Constraints, b: Constraints) -> Constraints:
+    """What satisfies both ``a`` and ``b``: the smaller of each limit, the common allowed values, and each
+    boolean at its tighter setting (``uniform_pipelines``/``one_micro_batch_size`` true wins, the others
+    false wins). An empty set of allowed values (``zero_stages``, ``recompute``) is bad input: nothing can
+    satisfy it, so :class:`InputError` names the key."""
+    out: dict[str, Any] = {}
+    for key in ("max_tp", "max_pp", "max_cp", "max_ep"):
+        vals = [v for v in (getattr(a, key), getattr(b, key)) if v is not None]
+        out[key] = min(vals) if vals else None
+    for key in ("zero_stages", "recompute"):
+        x, y = getattr(a, key), getattr(b, key)
+        if x is None or y is None:
+            out[key] = x if y is None else y
+            continue
+        both = tuple(v for v in x if v in y)
+        if not both:
+            raise InputError("", key, f"{list(x)} and {list(y)} have nothing in common: no plan can satisfy both")
+        out[key] = both
+    for key in ("uniform_pipelines", "one_micro_batch_size"):  # true is the tighter setting
+        x, y = getattr(a, key), getattr(b, key)
+        out[key] = True if (x or y) else (False if False in (x, y) else None)
+    for key in ("virtual_stages", "allow_cross_node_tp", "fp8"):  # false is the tighter setting
+        x, y = getattr(a, key), getattr(b, key)
+        out[key] = False if False in (x, y) else (True if True in (x, y) else None)
+    return Constraints(**out)

@@ -13,6 +13,7 @@ from arachne.errors import load_yaml
 from arachne.spec.names import SafeName
 
 GB = 1e9
+GIB = 2.0**30
 TFLOPS = 1e12
 
 
@@ -47,10 +48,20 @@ class GPUType(BaseModel):
     measured_collective_gbps: float | None = Field(default=None, gt=0)
     source: str = ""
     uncertain: tuple[str, ...] = ()
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    """Formats v2 section 8: the catalog's default USD per GPU-hour (an on-demand list price, see
+    ``price_source``), used where a cluster gives no price; None: the catalog has none for this type."""
+    price_source: str = ""
+    """Where ``price_per_gpu_hour`` was read (provider, instance type, region, the page or data set)."""
+    price_date: str = ""
+    """When that price was published or retrieved (ISO date)."""
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gb * GB
+        """Device memory in bytes. A GPU's "80 GB" is 80 GiB: nvidia-smi reports 81920 MiB on an A100 80GB
+        and 40960 MiB on an A100 40GB (81559 MiB on an H100 80GB, of which the driver keeps a little), so
+        the catalog's ``memory_gb`` is read in GiB (the fixed overhead of the cost model covers the rest)."""
+        return self.memory_gb * GIB
 
     def peak_flops(self, precision: str) -> float:
         """Dense matmul FLOP/s at a training precision (fp32 runs TF32 where the GPU has it; fp8 needs

@@ -3,8 +3,10 @@ subcommand on the shipped data."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +82,9 @@ def _one(**over):
 
 @pytest.mark.parametrize("over, field", [
     ({"source": {"url": "https://x", "date": "2020-01-01"}}, "records[0].source.where"),
+    ({"held_out": None}, "records[0].held_out"),
+    ({"degraded": True, "degraded_why": ""}, "records[0].degraded_why"),
+    ({"algorithm": "collnet"}, "records[0].algorithm"),
     ({"collective": "broadcast"}, "records[0].collective"),
     ({"rows": [{"bytes": 2097152, "busbw_gbps": 1.0}, {"bytes": 1048576, "busbw_gbps": 1.0}]}, "records[0].rows[1].bytes"),
     ({"rows": [{"bytes": 1073741824, "busbw_gbps": 100.0, "algbw_gbps": 131.87}]}, "records[0].rows[0].busbw_gbps"),
@@ -116,3 +121,47 @@ def test_subcommand_runs_on_the_data(tmp_path):
     s = doc["summary"]
     assert s["records"] == len(C.load()) and s["by_collective_fabric"] and s["by_fabric"]
     assert all(r["arachne_busbw"] > 0 and r["flat_busbw"] > 0 for r in doc["rows"])
+
+
+# ---- the split, the fit and the result ---------------------------------------------------------------------
+def test_shipped_split_follows_the_rule_and_a_flipped_flag_is_refused(tmp_path, capsys):
+    recs = C.load()
+    assert C.split_ok(recs)
+    assert sum(r.held_out for r in recs) == len(recs) // 2
+    doc = json.loads(C.DATA.read_text())
+    doc["records"][0]["held_out"] = not doc["records"][0]["held_out"]
+    p = _write(tmp_path, doc)
+    assert not C.split_ok(C.load(p))
+    res = subprocess.run([sys.executable, "-m", "benchmarks", "cost-model", "collectives", "--data", str(p),
+                          "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert res.returncode == 2 and "held_out" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_shipped_efa_efficiency_is_the_refit_on_the_calibration_half():
+    from arachne.cost.calibration import NetworkCalibration
+
+    recs = C.load()
+    fitted = C.fit_efficiency(recs, "efa_nic_efficiency", "cloud-efa")
+    assert fitted == pytest.approx(NetworkCalibration().efa_nic_efficiency, abs=0.0051)
+    # the fit never sees the check half: flipping every EFA record to held out leaves nothing to fit
+    held = [dataclasses.replace(r, held_out=True) for r in recs]
+    assert C.fit_efficiency(held, "efa_nic_efficiency", "cloud-efa") is None
+
+
+def test_pinned_ring_is_priced_as_the_ring():
+    rec = next(r for r in C.load() if r.id == "ib-h100-2x4-allreduce-ring")
+    assert rec.algorithm == "ring"
+    free = dataclasses.replace(rec, algorithm=None)
+    assert C.price(free)[0]["arachne_busbw"] > 1.5 * C.price(rec)[0]["arachne_busbw"]   # the 2-node tree
+
+
+def test_result_reports_both_halves_and_tables_fit_80_columns(tmp_path):
+    env = {**os.environ, "COLUMNS": "200"}  # wide terminal: the tables must be narrow by themselves
+    res = subprocess.run([sys.executable, "-m", "benchmarks", "cost-model", "collectives", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False, env=env)
+    assert res.returncode == 0, res.stderr
+    assert max(len(line) for line in res.stderr.splitlines() if not line.startswith("wrote ")) <= 80
+    s = json.loads((tmp_path / "collectives.json").read_text())["summary"]
+    for half in ("calibration", "check", "degraded"):
+        assert s[half]["records"] > 0 and s[half]["arachne_mape_pct"] >= 0
+    assert s["calibration"]["records"] + s["check"]["records"] + s["degraded"]["records"] == s["records"]

@@ -1,4 +1,4 @@
-"""``cost-model published``: the data file of published runs, its conversion to v1 plans, the metric
+"""``cost-model published``: the data file of published runs, its conversion to version-2 plans, the metric
 conversions (hand-computed cases) and the subcommand."""
 
 from __future__ import annotations
@@ -84,12 +84,44 @@ def test_needs_follows_the_configuration(runs):
     rec = by_id["bridge-2602-h100-llama31-405b-fp8"]
     assert {"cp", "fp8", "interleaved"} <= set(pub.needs(runs, rec))
     rec = by_id["modelzoo-qwen3-235b-ep32-pp8"]
+    assert {"ep_beyond_dp", "etp", "head_dim", "interleaved", "selective_recompute"} <= set(pub.needs(runs, rec))
+    assert pub.unpriced(runs, rec) == []
+    assert pub.unpriced(runs, by_id["modelzoo-qwen3-235b-ep32-pp8-overlap"]) == ["ep_overlap"]
+
+
+def test_the_plan_carries_the_runs_configuration(runs):
+    """ep over dp x tp with its own etp, interleaved chunks in Megatron's order, recomputation as stated."""
+    rec = next(r for r in runs.records if r.id == "modelzoo-qwen3-235b-ep32-pp8")
     _, plan, notes = pub.convert(runs, rec)
-    assert notes["ep_v1"] == 16 and plan["pipelines"][0]["stages"][0]["ep"] == 16  # dp is 16: ep 32 cannot fit
-    assert "ep_beyond_dp" in pub.needs(runs, rec, notes["ep_v1"])
-    plain = rec.model_copy(update={"parallel": rec.parallel.model_copy(update={"vp": 1, "recompute": "none",
-                                                                                "etp": None, "ep": 16})})
-    assert pub.needs(runs, plain, 16) == ["head_dim"]
+    pipe = plan["pipelines"][0]
+    S, v = rec.parallel.pp, rec.parallel.vp
+    assert plan["format"] == "arachne-plan/2" and pipe["virtual_stages"] == v and notes["dp"] == 16
+    st = pipe["stages"][0]
+    assert (st["ep"], st["etp"], st["tp"], st["recompute"]) == (32, 1, 2, "selective")
+    ranges = {tuple(r): (s, j) for s, stg in enumerate(pipe["stages"]) for j, r in enumerate(stg["layers"])}
+    ordered = sorted(ranges)
+    assert ordered[0][0] == 0 and ordered[-1][1] == 94 and all(x[1] == y[0] for x, y in zip(ordered, ordered[1:]))
+    for i, r in enumerate(ordered):  # chunk j of stage s is range j*S + s in model order
+        s, j = ranges[r]
+        assert i == j * S + s
+    assert len(ordered) == S * v
+
+
+def test_unstated_settings_come_from_the_source_defaults(runs, tmp_path):
+    doc = _doc()
+    ref = doc["records"][0]["source"]["ref"]
+    doc["sources"][ref]["defaults"] = {"sequence_parallel": True, "zero_stage": 1, "overlap": True, "basis": "t"}
+    doc["records"][0]["parallel"].pop("sequence_parallel", None)
+    doc["records"][0]["parallel"].pop("zero_stage", None)
+    r2 = pub.load(_write(tmp_path, doc))
+    _, plan, _ = pub.convert(r2, r2.records[0])
+    assert plan["zero_stage"] == 1 and plan["overlap_grad_reduce"] and plan["overlap_param_gather"]
+    assert all(st.get("sequence_parallel") for st in plan["pipelines"][0]["stages"])
+    doc["records"][0]["parallel"]["zero_stage"] = 0
+    doc["records"][0]["parallel"]["sequence_parallel"] = False
+    r3 = pub.load(_write(tmp_path, doc))
+    _, plan, _ = pub.convert(r3, r3.records[0])
+    assert plan["zero_stage"] == 0 and not any(st.get("sequence_parallel") for st in plan["pipelines"][0]["stages"])
 
 
 # ---- metric conversions, by hand -------------------------------------------------------------------------------
@@ -146,8 +178,8 @@ def test_bad_records_name_the_field(tmp_path, edit, field):
 @given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.integers(1, 16), cp=st.sampled_from([1, 2]), dp=st.integers(1, 6),
        mbs=st.integers(1, 4), ga=st.integers(1, 8))
 def test_any_megatron_layout_converts_to_a_valid_plan(runs, tp, pp, cp, dp, mbs, ga):
-    """tp x pp x cp x dp GPUs (whole nodes of up to 8) always give a v1 plan that validates on its cluster and
-    uses every GPU exactly once, with the stated tp, pp and global batch."""
+    """tp x pp x cp x dp GPUs (whole nodes of up to 8) always give a plan that validates on its cluster and
+    uses every GPU exactly once, with the stated tp, pp, cp and global batch."""
     from arachne.cost import CostModel
     from arachne.plan import plan_from_dict
     from arachne.spec.cluster import cluster_from_dict
@@ -156,13 +188,13 @@ def test_any_megatron_layout_converts_to_a_valid_plan(runs, tp, pp, cp, dp, mbs,
     count = tp * pp * cp * dp
     gpus = base.gpus.model_copy(update={"count": count, "per_node": math.gcd(count, 8)})
     par = base.parallel.model_copy(update={"tp": tp, "pp": pp, "cp": cp, "vp": 1, "mbs": mbs,
-                                           "gbs": mbs * dp * cp * ga, "seq": 2048})
+                                           "gbs": mbs * dp * ga, "seq": 2048})
     rec = base.model_copy(update={"gpus": gpus, "parallel": par})
     cluster_doc, plan_doc, notes = pub.convert(runs, rec)
     plan = plan_from_dict(plan_doc, rec.id)
     used = [d for p in plan.pipelines for s in p.stages for d in s.devices]
     assert len(used) == len(set(used)) == count
-    assert len(plan.pipelines[0].stages) == pp and {s.tp for s in plan.pipelines[0].stages} == {tp}
+    assert len(plan.pipelines[0].stages) == pp and {(s.tp, s.cp) for s in plan.pipelines[0].stages} == {(tp, cp)}
     assert notes["dp"] == dp and plan.global_batch_size == par.gbs
     assert CostModel(cluster_from_dict(cluster_doc, rec.id)).estimate(plan).iteration_time_s > 0
 
@@ -175,9 +207,9 @@ def test_subcommand_writes_rows_and_groups(tmp_path, runs):
     assert [r["id"] for r in doc["rows"]] == [r.id for r in runs.records]
     assert doc["summary"]["fitted_on_these_runs"] == []
     for r in doc["rows"]:
-        assert r["expressible"] == (r["needs"] == "-")
+        assert r["fair"] == (r["unpriced"] == "-")
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"])
-    grouped = sum(g["runs"] for g in doc["summary"]["groups"] if g["group"] != "memory")
+    grouped = sum(g["runs"] for g in doc["summary"]["groups"] if g["group"] not in ("memory", "all"))
     assert grouped == len(runs.records)
 
 

@@ -50,8 +50,9 @@ def test_fp8_priced_and_others_still_refused(h100):
 
 
 def test_fp8_block_time_hand_computed(h100):
-    """Only the Linear GEMMs move to the fp8 rate (H100 SXM: 1979 vs 989 TFLOPS): the fp8 block forward is
-    the bf16 one minus, per projection and MLP matrix, its bf16 GEMM time plus its fp8 GEMM time."""
+    """Only the Linear GEMMs move to the fp8 rate (H100 SXM: 1979 vs 989 TFLOPS peak, 1453.4 vs 792.1
+    achievable): the fp8 block forward is the bf16 one minus, per projection and MLP matrix, its bf16 GEMM time
+    plus its fp8 GEMM time."""
     m = _model(h100)
     gpu = h100.devices["h100-0:0"].gpu
     cm = ComputeModel(None, DEFAULT_CALIBRATION.compute)
@@ -63,7 +64,9 @@ def test_fp8_block_time_hand_computed(h100):
     tokens = b * seq
     lin = [2 * tokens * i * o / (tp if split else 1) for i, o, split in m.attention_gemms]
     lin += [2 * tokens * m.hidden_size * m.ffn_hidden_size / tp] * m.mlp_matrices
-    saved = sum(cm._gemm(x, p16) - cm._gemm(x, p8) for x in lin)
+    e8, e16 = cm.gemm_peak(gpu, "fp8"), cm.gemm_peak(gpu, "bf16")  # the measured achievable rates (MAMF)
+    assert e8 == pytest.approx(1453.4e12) and e16 == pytest.approx(792.1e12)
+    saved = sum(cm._gemm(x, e16) - cm._gemm(x, e8) for x in lin)
     assert saved > 0
     assert f16 - f8 == pytest.approx(saved, rel=1e-9)
     assert b16 - b8 == pytest.approx(DEFAULT_CALIBRATION.compute.bwd_over_fwd * saved, rel=1e-9)
@@ -110,7 +113,12 @@ def test_fp8_plan_estimates_faster_than_bf16(h100):
 @given(seq=st.sampled_from([512, 2048, 8192]), b=st.sampled_from([1.0, 2.0, 4.0]), tp=st.sampled_from([1, 2, 4, 8]),
        ratio=st.floats(1.0, 4.0), moe=st.booleans())
 def test_fp8_never_slower_than_bf16(seq, b, tp, ratio, moe):
-    """With fp8_tflops >= the bf16 rate, no block, end or stage is slower in fp8 than in bf16."""
+    """With an achievable fp8 GEMM rate >= the bf16 one, no block is slower in fp8 than in bf16 (Hopper's
+    measured fp8 efficiency is below its bf16 one: the fp8 peak is scaled so that the achievable rates keep
+    ``ratio``)."""
+    from arachne.cost.calibration import MATMUL_EFFICIENCY
+
+    ratio *= MATMUL_EFFICIENCY["hopper", "bf16"] / MATMUL_EFFICIENCY["hopper", "fp8"]
     cl = load_cluster(V2 / "h100-2x8.yaml")
     base = cl.devices["h100-0:0"].gpu
     gpu = base.model_copy(update={"fp8_tflops": base.peak_tflops * ratio})

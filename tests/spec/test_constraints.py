@@ -124,3 +124,86 @@ def test_constraint_errors_match_an_independent_oracle(max_tp, max_pp, max_ep, z
               and all(len(p.stages) <= max_pp and (vs or p.virtual_stages == 1) for p in plan.pipelines)
               and plan.zero_stage in zero and kinds <= set(rec) and (fp8 or plan.precision != "fp8"))
         assert (constraint_errors(plan, c, H100) == []) == ok
+
+
+# ---- intersecting constraints, runtime presets -------------------------------------------------------------
+from arachne.cost import CostModel  # noqa: E402
+from arachne.errors import NoFeasiblePlanError  # noqa: E402
+from arachne.planners.harness import run_planner  # noqa: E402
+from arachne.planners.protocol import SearchBudget  # noqa: E402
+from arachne.spec.constraints import intersect  # noqa: E402
+from arachne.spec.job import Job  # noqa: E402
+from arachne.spec.model import load_model  # noqa: E402
+from arachne.spec.runtimes import RUNTIMES, Legality, legality_errors  # noqa: E402
+
+SMALL = load_cluster(ROOT / "examples" / "clusters" / "small-mixed.yaml")
+
+
+def test_intersect_takes_the_tighter_of_each_key():
+    a = Constraints(max_tp=4, zero_stages=[0, 1, 3], uniform_pipelines=True, fp8=True)
+    b = Constraints(max_tp=2, max_pp=3, zero_stages=[1, 3], virtual_stages=False, fp8=False)
+    c = intersect(a, b)
+    assert (c.max_tp, c.max_pp, c.zero_stages, c.uniform_pipelines, c.virtual_stages, c.fp8) == \
+        (2, 3, (1, 3), True, False, False)
+    assert intersect(Constraints(), b) == b and intersect(a, Constraints()) == a
+    with pytest.raises(InputError) as info:
+        intersect(Constraints(zero_stages=[0]), Constraints(zero_stages=[3]))
+    assert info.value.field == "zero_stages"
+
+
+def test_presets_name_a_release_and_arachne_restricts_nothing():
+    for name, preset in RUNTIMES.items():
+        assert preset.name == name and preset.framework and preset.checked
+    assert Legality.of("arachne").free and not Legality.of("megatron").free
+    with pytest.raises(InputError) as info:
+        Legality.of("jax")
+    assert info.value.field == "--runtime"
+
+
+def test_runtime_rules_beyond_the_constraints_file():
+    d = json.loads((V2 / "interleaved-sp-selective.json").read_text())
+    d["pipelines"][1]["micro_batches"] += 1
+    d["global_batch_size"] += d["pipelines"][1].get("micro_batch_size") or d["micro_batch_size"]
+    fields = [f for f, _ in legality_errors(plan_from_dict(d), Legality.of("megatron"), H100)]
+    assert "pipelines" in fields  # replicas run unequal micro-batch counts
+    assert legality_errors(plan_from_dict(d), Legality.of("arachne"), H100) == []
+    ds = Legality.of("deepspeed")
+    errs = dict(legality_errors(CP, ds, H100))
+    assert "pipelines[0].stages[0].cp" in errs  # no context parallelism in DeepSpeed's engine
+
+
+@settings(max_examples=12, deadline=None)
+@given(runtime=st.sampled_from(sorted(RUNTIMES)), max_tp=st.sampled_from([None, 1, 2]),
+       max_pp=st.sampled_from([None, 1, 2, 4]),
+       zero=st.sampled_from([None, [0], [1], [0, 1], [0, 3], [3]]),
+       uniform=st.sampled_from([None, True]), one_mbs=st.sampled_from([None, True]),
+       planner=st.sampled_from(["arachne", "arachne", "megatron", "amp"]))
+def test_every_returned_plan_satisfies_the_rules(runtime, max_tp, max_pp, zero, uniform, one_mbs, planner):
+    """The property of issue 27 item 3: whatever the runtime and constraints, a plan comes back only if it
+    satisfies them (else NoFeasiblePlanError, or InputError when the file contradicts the preset)."""
+    extra = Constraints(max_tp=max_tp, max_pp=max_pp, zero_stages=zero, uniform_pipelines=uniform,
+                        one_micro_batch_size=one_mbs)
+    try:
+        legality = Legality.of(runtime, extra)
+    except InputError:
+        return
+    job = Job(global_batch_size=32, sequence_length=1024)
+    try:
+        plan, est, _ = run_planner(planner, SMALL, load_model("OPT-350M"), job, CostModel(SMALL),
+                                   SearchBudget(time_budget_s=3.0), legality=legality)
+    except NoFeasiblePlanError:
+        return
+    assert est.fits and legality.errors(plan, SMALL) == []
+
+
+def test_under_megatron_rules_arachne_is_no_worse_than_the_megatron_grids():
+    job = Job(global_batch_size=32, sequence_length=1024)
+    model = load_model("OPT-350M")
+    grids = []
+    for name in ("megatron", "megatron-oblivious"):
+        plan, est, _ = run_planner(name, SMALL, model, job, CostModel(SMALL), SearchBudget(time_budget_s=5.0))
+        assert Legality.of("megatron").errors(plan, SMALL) == []  # the preset is no stricter than Megatron
+        grids.append(est.tokens_per_s)
+    _, est, _ = run_planner("arachne", SMALL, model, job, CostModel(SMALL), SearchBudget(time_budget_s=5.0),
+                            legality=Legality.of("megatron"))
+    assert est.tokens_per_s >= max(grids) * (1 - 1e-9)

@@ -113,7 +113,7 @@ def test_custom_gpu_type_is_resolved_case_insensitively():
     c = cluster_from_dict(doc)
     gpu = c.nodes[0].gpu
     assert gpu.name == "MyAccel-48GB"
-    assert gpu.memory_bytes == 48 * GB and gpu.peak_flops("bf16") == 180e12
+    assert gpu.memory_bytes == 48 * 2**30 and gpu.peak_flops("bf16") == 180e12
     assert gpu.hbm_bandwidth == 960 * GB
     assert c.nodes[0].inter_node_bw == 12.5 * GB
     assert c.gpu_counts == {"MyAccel-48GB": 8, "T4": 4}

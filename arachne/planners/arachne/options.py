@@ -105,6 +105,10 @@ class AblationSwitches:
     """Rule-based floor templates beside the policy's."""
     use_polish: bool = True
     """Stage-boundary polishing at the end (never in ``random`` mode)."""
+    modern_knobs: bool = True
+    """Formats-v2 knobs on the three best plans at the end (overlap, sequence parallelism, per-stage
+    recomputation, cp, interleaving, experts, ZeRO-2/3: :mod:`~arachne.planners.arachne.completion.modern`);
+    off: version-1 plans only."""
     use_ranker: bool = True
     """The learned screening order (off: the policy's own order)."""
     rank_k: int = 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import State
+from arachne.planners.arachne.completion.modern import modern_pass
 from arachne.planners.arachne.completion.polish import polish_splits
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.learned.features import FeatureBuilder
@@ -21,7 +22,9 @@ from arachne.planners.arachne.learned.ranker import (
 )
 from arachne.planners.arachne.options import BASE_TARGET_S, ArachneOptions
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
+from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.pricer import Pricer
+from arachne.planners.objective import Objective
 from arachne.planners.arachne.search.refine import refine
 from arachne.planners.arachne.search.rules import rule_pool
 from arachne.planners.arachne.template import has_odd_nodes
@@ -36,6 +39,7 @@ from arachne.planners.protocol import (
 from arachne.spec.cluster import Cluster
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
+from arachne.spec.runtimes import Legality
 
 WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
 
@@ -62,8 +66,42 @@ class ArachnePlanner:
         """Stage boundaries are polished at the end (never in the ablation's random mode)."""
         return self.options.ablation.use_polish and self.options.ablation.mode != "random"
 
+    legality: Legality | None = None
+    objective: Objective | None = None
+
+    def restrict(self, legality: Legality | None, objective: Objective | None) -> None:
+        """Search only templates that can satisfy ``legality`` (a cheap check before pricing, the full rules
+        on each priced plan) and rank by ``objective``; with the cost objective, also plan on sub-clusters
+        (each GPU type alone, and all but the type with the most USD per peak FLOP/s), and so with a
+        ``--max-cost-per-hour`` limit: a cheaper plan may leave GPUs idle. Under a framework's rules (one
+        pipeline structure for all replicas) that framework's own grid is priced too, as a floor
+        (``rules_view.framework_floor``). Called by the harness before :meth:`plan`."""
+        self.legality = legality if legality is not None and not legality.free else None
+        self.objective = objective if objective is not None and not objective.default else None
+
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
+        views = cost_views(cluster, job.precision) if self.objective is not None and \
+            self.objective.needs_prices else []
+        result = self._plan_cluster(cluster, model, job, cost_model, budget)
+        floor = framework_floor(cluster, model, job, cost_model, budget, self._score) \
+            if self.legality is not None and self.legality.runtime.one_structure else []
+        if not views and not floor:
+            return result
+        ranked = list(zip(result.scores, result.plans)) + floor
+        result.stats.notes["framework_floor"] = len(floor)
+        for sub in views:
+            r = self._plan_cluster(sub, model, job, CostModel(sub, cost_model.profiles, cost_model.cal), budget)
+            ranked += list(zip(r.scores, r.plans))
+            result.stats.candidates += r.stats.candidates
+            result.stats.notes["work_s"] = round(result.stats.notes.get("work_s", 0.0) + r.stats.notes.get(
+                "work_s", 0.0), 3)
+        result.stats.notes["cost_views"] = len(views)
+        ranked.sort(key=lambda x: x[0])  # every view's top-k: the harness applies the limits to all of them
+        return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], result.stats)
+
+    def _plan_cluster(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
+                      budget: SearchBudget) -> PlannerResult:
         o = self.options
         deadline = budget.deadline()  # the caller's budget, on the wall clock
         if not has_odd_nodes(cluster) or not 0 < o.shares.parts_share < 1:
@@ -102,7 +140,7 @@ class ArachnePlanner:
         target = base if extend else full_target
         polish_at = target * (1 - o.shares.polish_share) if self._polishes else target
         ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts, **asdict(o.completion))
-        pricer = Pricer(ctx)
+        pricer = RulePricer(ctx, rules=planner_rules(self.legality)) if self.legality is not None else Pricer(ctx)
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many
         # times slower than the one the work rates were fitted on
@@ -217,8 +255,12 @@ class ArachnePlanner:
                 self._extend(ctx, pricer, screened, run.child(end - run.elapsed), lead,
                              [st for st in rest if id(st) not in seen])
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
-        ranked = sorted(pricer.results() + polished,  # distinct plans, fastest first
-                        key=lambda r: -r[1].tokens_per_s)[: max(1, budget.top_k)]
+        if o.ablation.modern_knobs:  # formats-v2 knobs on the best plans (completion/modern.py)
+            polished += modern_pass(pricer.results() + polished, cost_model, job, self.legality, run.clock,
+                                    full_target, deadline)
+        score = self._score
+        ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
+                        key=lambda r: score(r[1]))[: max(1, budget.top_k)]
         stats.candidates = len(pricer.cache) + len(pricer.screened)
         if ctx.closest_unfit is not None:
             stats.notes["closest_unfit"] = ctx.closest_unfit[1]
@@ -226,7 +268,11 @@ class ArachnePlanner:
         stats.notes["clock"] = o.target.clock
         stats.notes["work_s"] = round(work(), 3)
         stats.notes["work"] = asdict(work.tally())
-        return PlannerResult([r[0] for r in ranked], [r[1].iteration_time_s for r in ranked], stats)
+        return PlannerResult([r[0] for r in ranked], [score(r[1]) for r in ranked], stats)
+
+    def _score(self, est) -> float:
+        """Lower is better: iteration time, or the objective's score (USD per token with ``cost``)."""
+        return self.objective.score(est) if self.objective is not None else est.iteration_time_s
 
     def _polish(self, pricer: Pricer, polished: list, cost_model: CostModel, until: float,
                 run: Deadline) -> list:

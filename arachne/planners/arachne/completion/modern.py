@@ -1,0 +1,408 @@
+"""Modern knobs: the formats-v2 plan dimensions (section 7) chosen on completed, priced plans.
+
+The search builds version-1 plans (pipelines, stages, tp/dp/ep, all-or-nothing recomputation); this pass
+takes the few best of them and prices a small set of version-2 variants of each, greedily, one coordinate
+at a time, keeping a change only when the plan still fits and is faster (or, for the changes every modern
+framework makes by default, no slower):
+
+1. ``fp8`` where the job allows it and every GPU of the plan has an FP8 rate;
+2. overlapped gradient reduction (and parameter gather, with ZeRO) when layers are replicated;
+3. sequence parallelism on every stage with ``tp > 1`` (same time, less activation memory);
+4. per-stage recomputation: the fastest of none / selective / the first k blocks / full that fits;
+5. context parallelism ``cp`` in {2, 4} for sequences of :data:`LONG_SEQUENCE` tokens or more, replacing
+   stage data parallelism (or merging identical pipelines), then recomputation again;
+6. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages;
+7. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``;
+8. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
+
+Each plan gets at most :data:`MAX_ESTIMATES` estimates, within the caller's deadline; every variant
+passes the caller's legality predicate and the format's rules (a plan that would not is never returned).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from arachne.cost import CostModel, Estimate
+from arachne.errors import InputError
+from arachne.plan import PLAN_FORMAT, PLAN_FORMAT_V2, Pipeline, Plan, Stage, plan_errors
+from arachne.plan_rules import uses_v2
+from arachne.planners.protocol import Deadline
+from arachne.spec.model import ModelSpec
+from arachne.spec.runtimes import Legality
+
+MAX_ESTIMATES = 60
+"""Estimates spent on one plan, at most."""
+TOP_PLANS = 3
+"""The fastest version-1 plans given modern knobs."""
+LONG_SEQUENCE = 32768
+"""Context parallelism is tried from this sequence length on."""
+CP_DEGREES = (2, 4)
+VIRTUAL_STAGES = (2, 3, 4)
+RECOMPUTE_REPAIRS = 2
+"""Re-pricings of a per-stage recomputation choice whose estimated partial memory was a little short."""
+
+Priced = tuple[Plan, Estimate]
+Check = Callable[[Plan], bool]
+
+
+# ---- plan edits --------------------------------------------------------------------------------------
+def _with_pipelines(plan: Plan, pipes: Iterable[Pipeline], **update) -> Plan:
+    p = plan.model_copy(update={"pipelines": tuple(pipes), **update})
+    return p.model_copy(update={"format": PLAN_FORMAT_V2 if uses_v2(p) else PLAN_FORMAT})
+
+
+def map_stages(plan: Plan, fn: Callable[[int, int, Pipeline, Stage], Stage], **update) -> Plan:
+    """``plan`` with every stage replaced by ``fn(pipeline index, stage index, pipeline, stage)``."""
+    pipes = []
+    for pi, p in enumerate(plan.pipelines):
+        stages = tuple(fn(pi, si, p, st) for si, st in enumerate(p.stages))
+        pipes.append(p if all(a is b for a, b in zip(stages, p.stages)) else p.model_copy(update={"stages": stages}))
+    return _with_pipelines(plan, pipes, **update)
+
+
+def with_recompute(st: Stage, kind: str, k: int | None = None) -> Stage:
+    """``st`` at recomputation ``kind`` (none / selective / full), ``k``: only the first k blocks (full)."""
+    rec: bool | str = {"none": False, "selective": "selective", "full": True}[kind]
+    layers = k if kind == "full" and k is not None and k < st.num_layers else None
+    if st.recompute == rec and st.recompute_layers == layers:
+        return st
+    return st.model_copy(update={"recompute": rec, "recompute_layers": layers})
+
+
+def interleaved(pipe: Pipeline, v: int) -> Pipeline | None:
+    """``pipe`` as interleaved 1F1B with ``v`` chunks per stage (each stage keeps its block count; chunk j of
+    stage s is range ``j * S + s``), or None where it cannot be (one stage, a stage of fewer than ``v``
+    blocks, micro-batches not a multiple of the stages, already interleaved)."""
+    S = len(pipe.stages)
+    if S < 2 or pipe.virtual_stages != 1 or pipe.micro_batches % S:
+        return None
+    counts = [st.num_layers for st in pipe.stages]
+    if min(counts) < v:
+        return None
+    sizes = [[n // v + (1 if j < n % v else 0) for j in range(v)] for n in counts]
+    ranges: list[list[tuple[int, int]]] = [[] for _ in range(S)]
+    at = 0
+    for j in range(v):
+        for s in range(S):
+            ranges[s].append((at, at + sizes[s][j]))
+            at += sizes[s][j]
+    stages = tuple(st.model_copy(update={"layers": tuple(r)}) for st, r in zip(pipe.stages, ranges))
+    return pipe.model_copy(update={"stages": stages, "virtual_stages": v})
+
+
+def with_cp(plan: Plan, c: int) -> Plan | None:
+    """Context parallelism ``c`` in place of data parallelism: pipelines of the same shape merged ``c`` at a
+    time (their stages' devices concatenated, so each stage keeps its dp and runs ``c`` times the
+    micro-batches at ``1/c`` of each sequence per GPU: a smaller bubble share and less activation memory);
+    in a pipeline left over, each stage of dp divisible by ``c`` becomes dp/c groups of ``c * tp`` (the same
+    devices, tp fastest then cp). None when nothing changes."""
+    if plan.sequence_length % (2 * c):
+        return None
+    pipes: list[Pipeline] = []
+    shapes: dict[tuple, list[Pipeline]] = {}
+    for p in plan.pipelines:
+        if any(st.cp != 1 for st in p.stages) or p.virtual_stages != 1:
+            pipes.append(p)
+            continue
+        key = (p.micro_batches, p.micro_batch_size, tuple((st.layers, st.tp, st.dp_size, st.ep, st.etp, st.recompute,
+                                                           st.recompute_layers, st.sequence_parallel,
+                                                           len(st.devices)) for st in p.stages))
+        shapes.setdefault(key, []).append(p)
+    changed = False
+    for group in shapes.values():
+        whole = len(group) - len(group) % c
+        for i in range(0, whole, c):
+            part = group[i:i + c]
+            stages = tuple(st.model_copy(update={"devices": tuple(d for q in part for d in q.stages[si].devices),
+                                                 "cp": c, "dp": st.dp_size if st.dp_size > 1 else None})
+                           for si, st in enumerate(part[0].stages))
+            pipes.append(part[0].model_copy(update={"stages": stages,
+                                                    "micro_batches": sum(q.micro_batches for q in part)}))
+            changed = True
+        for p in group[whole:]:
+            stages = tuple(st if st.dp_size % c else st.model_copy(
+                update={"cp": c, "dp": st.dp_size // c if st.dp_size > c else None}) for st in p.stages)
+            changed = changed or any(a is not b for a, b in zip(stages, p.stages))
+            pipes.append(p.model_copy(update={"stages": stages}))
+    return _with_pipelines(plan, pipes) if changed else None
+
+
+def expert_layouts(st: Stage, model: ModelSpec) -> list[tuple[int, int | None]]:
+    """``(ep, etp)`` layouts of a MoE stage's experts worth pricing: etp 1 and tp, each with the largest ep
+    the stage allows (``ep * etp`` dividing ``dp * cp * tp``, ``num_experts % ep == 0``), and etp 1 at the
+    current ep. ``etp`` None where the layout is version 1's (etp = tp, cp 1)."""
+    n = st.dp_size * st.cp * st.tp
+    out: list[tuple[int, int | None]] = []
+    for etp in sorted({1, st.tp}):
+        if model.tp_error(st.tp, etp=etp) is not None:
+            continue
+        eps = [e for e in range(1, n // etp + 1) if (n // etp) % e == 0 and model.ep_error(e) is None]
+        for ep in sorted({max(eps, default=1), st.ep if (n // etp) % st.ep == 0 else 1}):
+            spelled = None if etp == st.tp and st.cp == 1 and st.dp_size % ep == 0 else etp
+            if (ep, spelled) != (st.ep, st.etp):
+                out.append((ep, spelled))
+    return out
+
+
+# ---- the search ----------------------------------------------------------------------------------------
+@dataclass
+class Knobs:
+    """One plan's greedy search: the best fitting plan so far and what is left to spend."""
+
+    cm: CostModel
+    model: ModelSpec
+    ok: Check
+    best: Priced
+    left: int = MAX_ESTIMATES
+    deadline: Deadline | None = None
+
+    def spent(self) -> bool:
+        return self.left <= 0 or (self.deadline is not None and self.deadline.expired())
+
+    def price(self, plan: Plan) -> Estimate | None:
+        """The estimate of ``plan`` (None when the budget is spent or the plan is not allowed)."""
+        if self.spent() or not self.ok(plan):
+            return None
+        self.left -= 1
+        try:
+            return self.cm.estimate(plan, validate=False)
+        except (InputError, ValueError):  # a feature this cost model refuses: not a candidate
+            return None
+
+    def offer(self, plan: Plan, est: Estimate | None = None, ties: bool = False) -> bool:
+        """Keep ``plan`` when it fits and is faster than the best (``ties``: or as fast)."""
+        est = est if est is not None else self.price(plan)
+        if est is None or not est.fits:
+            return False
+        t, bar = est.iteration_time_s, self.best[1].iteration_time_s
+        if t < bar * (1 - 1e-9) or (ties and t <= bar):
+            self.best = (plan, est)
+            return True
+        return False
+
+    # -- the coordinates, in the order they are tried
+    def fp8(self) -> None:
+        plan = self.best[0]
+        devs = self.cm.cluster.devices
+        if plan.precision != "fp8" and all(devs[d].gpu.fp8_tflops is not None for d in plan.devices):
+            cand = plan.model_copy(update={"precision": "fp8", "format": PLAN_FORMAT_V2})
+            est = self.price(cand)
+            if est is not None and not self.offer(cand, est):
+                self.relax(cand, est)
+
+    def overlap(self) -> None:
+        plan = self.best[0]
+        if replicated(plan) and not plan.overlap_grad_reduce:
+            upd = {"overlap_grad_reduce": True, "overlap_param_gather": plan.zero_stage >= 1}
+            self.offer(_with_pipelines(plan, plan.pipelines, **upd), ties=True)
+
+    def sequence_parallel(self) -> None:
+        plan = self.best[0]
+        if any(st.tp > 1 and not st.sequence_parallel for p in plan.pipelines for st in p.stages):
+            self.offer(map_stages(plan, lambda _a, _b, _p, st: st.model_copy(update={"sequence_parallel": True})
+                                  if st.tp > 1 and not st.sequence_parallel else st), ties=True)
+
+    def recompute(self) -> None:
+        plan, est = self.best
+        if recomputes(plan):
+            self.relax(plan, est)
+
+    def context_parallel(self) -> None:
+        if self.best[0].sequence_length < LONG_SEQUENCE:
+            return
+        for c in CP_DEGREES:
+            cand = with_cp(self.best[0], c)
+            est = self.price(cand) if cand is not None else None
+            if est is None:
+                continue
+            if not self.offer(cand, est) and est.fits and not recomputes(cand):
+                continue
+            self.relax(cand, est)  # less activation memory per GPU: less recomputation
+
+    def interleave(self) -> None:
+        base = self.best[0]
+        if base.schedule != "1f1b":
+            return
+        for v in VIRTUAL_STAGES:
+            pipes = [interleaved(p, v) or p for p in base.pipelines]
+            if all(a is b for a, b in zip(pipes, base.pipelines)):
+                break
+            cand = _with_pipelines(base, pipes)
+            est = self.price(cand)
+            if est is not None and not self.offer(cand, est) and not est.fits:
+                self.relax(cand, est)
+
+    def experts(self) -> None:
+        if not self.model.is_moe:
+            return
+        plan = self.best[0]
+        moe = {(pi, si): expert_layouts(st, self.model) for pi, p in enumerate(plan.pipelines)
+               for si, st in enumerate(p.stages) if any(self.model.moe_layers[a:b] for a, b in st.ranges)}
+        for i in range(max(map(len, moe.values()), default=0)):
+            def pick(pi: int, si: int, _p: Pipeline, st: Stage, i: int = i) -> Stage:
+                opts = moe.get((pi, si), [])
+                if i >= len(opts):
+                    return st
+                ep, etp = opts[i]
+                return st.model_copy(update={"ep": ep, "etp": etp})
+
+            self.offer(map_stages(plan, pick))
+
+    def zero(self) -> None:
+        plan = self.best[0]
+        if not replicated(plan):
+            return
+        for z in (1, 2, 3):
+            if z <= plan.zero_stage:
+                continue
+            cand = _with_pipelines(plan, plan.pipelines, zero_stage=z, overlap_param_gather=plan.overlap_grad_reduce)
+            est = self.price(cand)
+            # ZeRO-1 (the distributed optimizer) wherever it is no slower; 2 and 3 only when faster, also with
+            # the recomputation their memory savings allow
+            if est is not None and not self.offer(cand, est, ties=z == 1) and recomputes(cand):
+                self.relax(cand, est)
+
+    # -- per-stage recomputation
+    def relax(self, plan: Plan, est: Estimate) -> None:
+        """Per stage, the fastest recomputation that fits, from three probes (every stage at none, selective
+        and full; the first k blocks interpolated between none and full), priced and offered."""
+        probes: dict[str, Estimate] = {}
+        kinds = {("selective" if st.recompute == "selective" else "full" if st.recompute else "none")
+                 if st.recompute_layers is None else "partial" for p in plan.pipelines for st in p.stages}
+        if len(kinds) == 1 and (kind := next(iter(kinds))) != "partial":
+            probes[kind] = est
+        for kind in ("none", "selective", "full"):
+            if kind not in probes:
+                cand = map_stages(plan, lambda _a, _b, _p, st, k=kind: with_recompute(st, k))
+                e = self.price(cand)
+                if e is None:
+                    if self.spent():
+                        return
+                    continue
+                probes[kind] = e
+                self.offer(cand, e)
+        if "none" not in probes or "full" not in probes:
+            return
+        rows = {kind: {(s.pipeline, s.stage): s for s in e.stages} for kind, e in probes.items()}
+        choice: dict[tuple[int, int], tuple[str, int | None]] = {}
+        for key, none in rows["none"].items():
+            full = rows["full"][key]
+            n = plan.pipelines[key[0]].stages[key[1]].num_layers
+            choice[key] = _fastest_fit(none, full, rows.get("selective", {}).get(key), n)
+        for _ in range(RECOMPUTE_REPAIRS + 1):
+            cand = map_stages(plan, lambda pi, si, _p, st: with_recompute(st, *choice[(pi, si)]))
+            e = self.price(cand)
+            if e is None:
+                return
+            if e.fits:
+                self.offer(cand, e)
+                return
+            over = [(s.pipeline, s.stage) for s in e.stages if s.memory_bytes > s.capacity_bytes]
+            for key in over:  # a partial choice short of memory: a few more blocks recomputed
+                kind, k = choice[key]
+                n = plan.pipelines[key[0]].stages[key[1]].num_layers
+                choice[key] = ("full", None) if kind != "full" or k is None or k + 1 >= n else \
+                    ("full", min(n, k + max(1, n // 8)))
+
+
+def _fastest_fit(none, full, sel, n: int) -> tuple[str, int | None]:
+    """One stage's recomputation: the fastest of none, selective, the first k blocks and full whose memory
+    (k: interpolated between none and full) fits; full when nothing else does."""
+    cap = none.capacity_bytes
+    t = {"none": none.fwd_s + none.bwd_s, "full": full.fwd_s + full.bwd_s}
+    opts: list[tuple[float, int, str, int | None]] = []
+    if none.memory_bytes <= cap:
+        opts.append((t["none"], 0, "none", None))
+    if sel is not None and sel.memory_bytes <= cap:
+        opts.append((sel.fwd_s + sel.bwd_s, 1, "selective", None))
+    saved = (none.memory_bytes - full.memory_bytes) / n
+    if saved > 0 and n > 1:
+        k = max(1, math.ceil((none.memory_bytes - cap) / saved))
+        if k < n:
+            opts.append((t["none"] + k / n * (t["full"] - t["none"]), 2, "full", k))
+    opts.append((t["full"], 3, "full", None))
+    _, _, kind, k = min(opts)
+    return kind, k
+
+
+def recomputes(plan: Plan) -> bool:
+    """Whether some stage recomputes activations."""
+    return any(st.recompute for p in plan.pipelines for st in p.stages)
+
+
+def replicated(plan: Plan) -> bool:
+    """Whether some layers are held by more than one replica (gradients are reduced)."""
+    return len(plan.pipelines) > 1 or any(st.dp_size * st.cp > 1 for p in plan.pipelines for st in p.stages)
+
+
+def legal_check(legality: Legality | None, base: Plan, cluster) -> Check:
+    """A variant is allowed when it breaks no rule of ``legality`` that ``base`` keeps (the harness mends a
+    ZeRO stage or Megatron split ``base`` breaks the same way for both; an interleaved plan it cannot)."""
+    if legality is None or legality.free:
+        return lambda _p: True
+    known = set(legality.errors(base, cluster))
+
+    def ok(p: Plan) -> bool:
+        errs = set(legality.errors(p, cluster))
+        return not errs or (errs <= known and all(q.virtual_stages == 1 for q in p.pipelines))
+
+    return ok
+
+
+def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Legality | None = None,
+              allow_fp8: bool = False, deadline: Deadline | None = None,
+              max_estimates: int = MAX_ESTIMATES) -> Priced:
+    """The fastest fitting variant of ``plan`` found by the knobs (``plan`` itself when none is faster); a
+    variant is never slower than ``plan`` under ``cost_model`` and always valid and within ``legality``."""
+    model = cost_model.resolve_model(plan)
+    knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
+                  max_estimates, deadline)
+    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.interleave,
+             knobs.experts, knobs.zero]
+    for step in ([knobs.fp8] if allow_fp8 else []) + steps:
+        if knobs.spent():
+            break
+        step()
+    best = knobs.best
+    if best[0] is plan or best[1].iteration_time_s > est.iteration_time_s or \
+            plan_errors(best[0], cost_model.cluster, model):
+        return plan, est
+    return best
+
+
+def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legality: Legality | None = None,
+                    allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
+                    max_estimates: int = MAX_ESTIMATES) -> list[Priced]:
+    """:func:`modernize` on the ``top`` fastest version-1 plans of ``results``: the faster variants found
+    (the first plan gets half the deadline, the second half of the rest, the third the rest)."""
+    start = sorted((r for r in results if not uses_v2(r[0])), key=lambda r: r[1].iteration_time_s)[:top]
+    out = []
+    for i, (plan, est) in enumerate(start):
+        if deadline is not None and deadline.expired():
+            break
+        sub = deadline.child(deadline.remaining / (2 if i < len(start) - 1 else 1)) if deadline is not None else None
+        better = modernize(plan, est, cost_model, legality=legality, allow_fp8=allow_fp8, deadline=sub,
+                           max_estimates=max_estimates)
+        if better[0] is not plan:
+            out.append(better)
+    return out
+
+
+MODERN_SHARE = 0.1
+"""The knobs' work, as a share of the planner's target, on the planner's clock (beyond the target)."""
+
+
+def fp8_allowed(job) -> bool:
+    """Whether the job lets a plan run FP8 GEMMs: only when its precision says ``fp8``."""
+    return str(getattr(job, "precision", "")) == "fp8"
+
+
+def modern_pass(results: Iterable[Priced], cost_model: CostModel, job, legality: Legality | None,
+                clock: Callable[[], float], target_s: float, cap: Deadline | None = None) -> list[Priced]:
+    """The planner's hook: :func:`modern_variants` for :data:`MODERN_SHARE` of ``target_s`` on ``clock`` (the
+    planner's work clock), and never past ``cap`` (the caller's budget on the wall clock)."""
+    deadline = Deadline(MODERN_SHARE * target_s, clock, cap)
+    return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline)

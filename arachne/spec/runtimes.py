@@ -1,0 +1,155 @@
+"""Runtime presets (``arachne plan --runtime``, formats v2 section 10): what each training framework executes
+as released, as :class:`~arachne.spec.constraints.Constraints` plus the few rules the constraints file has no
+key for. One place: the planners' selection (``arachne.planners.harness``) and ``arachne export`` use the
+same :func:`legality_errors`.
+
+Each preset names the release its rules were written against. They were written from the frameworks'
+documentation as recalled when this module was written (2026-12), not re-read against a tagged release in
+that session: ``checked`` says so, and a preset that is wrong for a newer release is a bug to report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from arachne.errors import InputError
+from arachne.spec.constraints import Constraints, constraint_errors, intersect
+
+if TYPE_CHECKING:
+    from arachne.plan import Plan
+    from arachne.spec.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class RuntimePreset:
+    """One framework's limits."""
+
+    name: str
+    """The ``--runtime`` value."""
+    framework: str
+    """The framework and the release the rules describe."""
+    checked: str
+    """How the rules were checked (the documentation and when)."""
+    constraints: Constraints
+    """The limits the constraints file can also express."""
+    one_structure: bool = False
+    """Every pipeline has the same stages, layer split, tp, dp and ep (one structure for all replicas; which
+    GPU type runs a replica does not matter to the framework, only to its speed)."""
+    equal_pipelines_work: bool = False
+    """Every pipeline runs the same number of micro-batches (data-parallel replicas split the batch evenly)."""
+    one_tp_dp: bool = False
+    """One tensor-parallel and one data-parallel degree for every stage of a pipeline."""
+    megatron_split: bool = False
+    """Layer counts per stage: the first and last stage may differ, the middle stages are equal (Megatron's
+    ``--decoder-first/last-pipeline-num-layers``)."""
+    pipeline_max_zero: int | None = None
+    """With more than one stage, ZeRO stages above this are not available (DeepSpeed's pipeline engine)."""
+    notes: tuple[str, ...] = field(default=())
+    """What the preset leaves out, one sentence each."""
+
+
+RUNTIMES: dict[str, RuntimePreset] = {
+    "arachne": RuntimePreset(
+        "arachne", "arachne's own runtime (arachne.runtime, this version)", "this repository",
+        Constraints(), notes=("every plan the formats allow, as arachne run executes it",)),
+    "megatron": RuntimePreset(
+        "megatron", "Megatron-LM (megatron-core 0.12 era, 2025)",
+        "Megatron-LM arguments guide (--tensor/--pipeline/--context/--expert-model-parallel-size, "
+        "--num-layers-per-virtual-pipeline-stage, --use-distributed-optimizer, --recompute-granularity, "
+        "--decoder-first/last-pipeline-num-layers, --fp8-format), as recalled 2026-12, not re-read",
+        Constraints(zero_stages=(0, 1), one_micro_batch_size=True),
+        one_structure=True, equal_pipelines_work=True, one_tp_dp=True, megatron_split=True,
+        notes=("ZeRO-1 is the distributed optimizer; Megatron's own FSDP is left out",
+               "one pipeline structure, tp, dp and micro-batch size for all replicas")),
+    "torchtitan": RuntimePreset(
+        "torchtitan", "torchtitan (PyTorch FSDP2 + TP + PP + CP, 2025 releases)",
+        "torchtitan README and docs (parallelisms: FSDP2/HSDP, tensor, pipeline with interleaved schedules, "
+        "context parallel, float8; activation checkpointing none/selective/full), as recalled 2026-12, not "
+        "re-read",
+        Constraints(zero_stages=(0, 3), one_micro_batch_size=True),
+        one_structure=True, equal_pipelines_work=True, one_tp_dp=True,
+        notes=("ZeRO-3 is FSDP2 sharding, 0 is plain replication; ZeRO-1/2 have no torchtitan equivalent",)),
+    "deepspeed": RuntimePreset(
+        "deepspeed", "DeepSpeed (ZeRO 0-3 and its PipelineModule engine, 0.16 era, 2025)",
+        "DeepSpeed docs (ZeRO stages; pipeline parallelism: 1F1B without interleaving, compatible with ZeRO "
+        "stage 0/1 only; activation checkpointing per layer), as recalled 2026-12, not re-read",
+        Constraints(zero_stages=(0, 1, 2, 3), one_micro_batch_size=True, virtual_stages=False,
+                    max_cp=1, recompute=("none", "full"), fp8=False),
+        one_structure=True, equal_pipelines_work=True, one_tp_dp=True, pipeline_max_zero=1,
+        notes=("tensor parallelism comes from Megatron-DeepSpeed; DeepSpeed-Ulysses is not the plan's cp",)),
+}
+
+
+def runtime_preset(name: str) -> RuntimePreset:
+    """The preset ``name``; :class:`InputError` naming ``--runtime`` when unknown."""
+    if name not in RUNTIMES:
+        raise InputError("", "--runtime", f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})")
+    return RUNTIMES[name]
+
+
+@dataclass(frozen=True)
+class Legality:
+    """The rules every returned plan must satisfy: a runtime preset narrowed by a constraints file."""
+
+    runtime: RuntimePreset = RUNTIMES["arachne"]
+    constraints: Constraints = Constraints()
+    """The preset's constraints intersected with the file's."""
+
+    @classmethod
+    def of(cls, runtime: str = "arachne", extra: Constraints | None = None, source: str = "") -> Legality:
+        """The preset ``runtime`` narrowed by ``extra`` (read from ``source``, named when they conflict)."""
+        preset = runtime_preset(runtime)
+        if extra is None:
+            return cls(preset, preset.constraints)
+        try:
+            return cls(preset, intersect(preset.constraints, extra))
+        except InputError as err:
+            raise InputError(source, err.field, f"{err.reason} (the {runtime} runtime's and this file's)") from None
+
+    @property
+    def free(self) -> bool:
+        """Nothing is restricted (the default): no plan needs checking."""
+        r = self.runtime
+        return self.constraints == Constraints() and not (r.one_structure or r.equal_pipelines_work or r.one_tp_dp
+                                                          or r.megatron_split or r.pipeline_max_zero is not None)
+
+    def errors(self, plan: Plan, cluster: Cluster | None = None) -> list[tuple[str, str]]:
+        """Every rule ``plan`` breaks, as ``(field, reason)`` pairs (empty: legal)."""
+        return legality_errors(plan, self, cluster)
+
+
+def megatron_split_error(counts: list[int]) -> str | None:
+    """Why Megatron's first/last-stage flags cannot express these per-stage layer counts (None: they can)."""
+    if len(counts) > 2 and len(set(counts[1:-1])) > 1:
+        return f"uneven middle stages {counts} (Megatron sets only the first and last stage's layers)"
+    return None
+
+
+def legality_errors(plan: Plan, legality: Legality, cluster: Cluster | None = None) -> list[tuple[str, str]]:
+    """The constraints' errors (:func:`constraint_errors`), then the runtime's own rules."""
+    errs = constraint_errors(plan, legality.constraints, cluster)
+    r = legality.runtime
+    who = f"the {r.name} runtime"
+    pipes = plan.pipelines
+    if r.one_structure:
+        shape = [[(s.ranges, s.tp, s.dp_size, s.ep, s.cp, len(s.devices)) for s in p.stages] for p in pipes]
+        if (bad := next((i for i, x in enumerate(shape) if x != shape[0]), None)) is not None:
+            errs.append((f"pipelines[{bad}].stages", f"differs from pipelines[0] (stages, layer split, tp, dp or "
+                                                     f"ep); {who} runs one pipeline structure for all replicas"))
+    if r.equal_pipelines_work and len({p.micro_batches for p in pipes}) > 1:
+        errs.append(("pipelines", f"micro_batches {sorted({p.micro_batches for p in pipes})} differ; {who} "
+                                  "splits the batch evenly over replicas"))
+    for pi, p in enumerate(pipes):
+        if r.one_tp_dp and (len({s.tp for s in p.stages}) > 1 or len({s.dp_size for s in p.stages}) > 1):
+            errs.append((f"pipelines[{pi}].stages", f"per-stage tp {[s.tp for s in p.stages]} / dp "
+                                                    f"{[s.dp_size for s in p.stages]}; {who} has one of each"))
+            break
+        if r.megatron_split and (why := megatron_split_error([s.num_layers for s in p.stages])):
+            errs.append((f"pipelines[{pi}].stages", f"{why}"))
+            break
+    if r.pipeline_max_zero is not None and plan.zero_stage > r.pipeline_max_zero \
+            and any(len(p.stages) > 1 for p in pipes):
+        errs.append(("zero_stage", f"{plan.zero_stage} with pipeline parallelism; {who}'s pipeline engine "
+                                   f"supports ZeRO stage {r.pipeline_max_zero} at most"))
+    return errs

@@ -1,0 +1,253 @@
+"""Modern knobs (completion/modern.py): formats-v2 variants of completed plans, never slower, always valid."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
+
+from arachne.cost import CostModel
+from arachne.errors import NoFeasiblePlanError
+from arachne.plan import plan_errors, validate_plan
+from arachne.plan_rules import uses_v2
+from arachne.planners.arachne.completion.modern import (
+    expert_layouts,
+    interleaved,
+    modern_variants,
+    modernize,
+    with_cp,
+)
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import Deadline, SearchBudget
+from arachne.spec.cluster import cluster_from_dict
+from arachne.spec.job import Job
+from arachne.spec.model import model_catalog
+from arachne.spec.runtimes import Legality
+
+GPUS = ["A100-40", "V100-16", "H100", "L4", "T4", "A10G"]
+MODELS = ["OPT-350M", "GPT-3-1.3B", "LLaMA-2-7B", "Qwen1.5-MoE-A2.7B"]
+
+
+def cluster(groups, name="m"):
+    return cluster_from_dict({"name": name, "nodes": [{"name": f"g{i}-{{i}}", "count": n, "gpu": g, "gpus_per_node": k}
+                                                      for i, (g, n, k) in enumerate(groups)]})
+
+
+def v1_plans(cl, model, job, target_s=0.2):
+    """The planner's top plans without the knobs, priced, fitting ones only."""
+    cm = CostModel(cl)
+    _, _, res = run_planner("arachne", cl, model, job, cm, SearchBudget(time_budget_s=30), modern_knobs=False,
+                            target_s=target_s)
+    out = []
+    for p in res.plans[:3]:
+        est = cm.estimate(p)
+        if est.fits:
+            out.append((p, est))
+    return cm, out
+
+
+def strict_modernize(*args, **kw):
+    """:func:`modernize` with its last-resort validity check turned into a failure: a variant that breaks a
+    format rule must never be built, not merely dropped."""
+    from arachne.planners.arachne.completion import modern
+
+    def errors(plan, cluster, model):
+        found = plan_errors(plan, cluster, model)
+        assert not found, found
+        return found
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(modern, "plan_errors", errors)
+        return modernize(*args, **kw)
+
+
+def check_variant(plan, est, new, new_est, cm, cl, model):
+    validate_plan(new, cl, model)
+    again = CostModel(cl).estimate(new)  # a fresh cost model: no cache carries the answer
+    assert again.iteration_time_s == pytest.approx(new_est.iteration_time_s, rel=1e-9)
+    assert again.iteration_time_s <= est.iteration_time_s * (1 + 1e-9)
+    assert again.fits or not est.fits
+    for p in new.pipelines:
+        S = len(p.stages)
+        if p.virtual_stages > 1:
+            assert p.micro_batches % S == 0 and S >= 2
+        for st in p.stages:
+            assert not st.sequence_parallel or st.tp > 1
+            assert st.cp == 1 or new.sequence_length >= 32768
+
+
+setups = hst.tuples(
+    hst.lists(hst.tuples(hst.sampled_from(GPUS), hst.integers(1, 2), hst.sampled_from([1, 2, 4])), min_size=1,
+              max_size=2, unique_by=lambda g: g[0]),
+    hst.sampled_from(MODELS), hst.sampled_from([16, 32, 64]), hst.sampled_from([1024, 2048]))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setups)
+def test_variants_validate_fit_and_are_never_slower(setup):
+    groups, name, gbs, seq = setup
+    cl, model = cluster(groups), model_catalog().get(name)
+    job = Job(global_batch_size=gbs, sequence_length=seq)
+    try:
+        cm, plans = v1_plans(cl, model, job)
+    except NoFeasiblePlanError:  # nothing fits this draw: no plan to vary
+        return
+    for plan, est in plans:
+        new, new_est = strict_modernize(plan, est, cm)
+        check_variant(plan, est, new, new_est, cm, cl, model)
+        if new is plan:
+            assert new_est is est
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setups, hst.sampled_from(["megatron", "deepspeed", "torchtitan"]))
+def test_variants_keep_the_runtime_rules(setup, runtime):
+    groups, name, gbs, seq = setup
+    cl, model = cluster(groups), model_catalog().get(name)
+    job = Job(global_batch_size=gbs, sequence_length=seq)
+    try:
+        cm, plans = v1_plans(cl, model, job)
+    except NoFeasiblePlanError:  # nothing fits this draw
+        return
+    rules = Legality.of(runtime)
+    for plan, est in plans:
+        new, new_est = strict_modernize(plan, est, cm, legality=rules)
+        check_variant(plan, est, new, new_est, cm, cl, model)
+        before = set(rules.errors(plan, cl))
+        after = set(rules.errors(new, cl))
+        assert not after or (after <= before and all(p.virtual_stages == 1 for p in new.pipelines))
+
+
+def test_the_knobs_act_on_a_deep_pipeline_and_spend_at_most_their_estimates():
+    cl = cluster([("A100-40", 4, 4)])
+    model = model_catalog().get("LLaMA-2-13B")
+    cm, plans = v1_plans(cl, model, Job(global_batch_size=64, sequence_length=2048))
+    plan, est = plans[0]
+    n0 = cm.estimates
+    new, new_est = strict_modernize(plan, est, cm, max_estimates=20)
+    assert cm.estimates - n0 <= 20
+    check_variant(plan, est, new, new_est, cm, cl, model)
+    assert new_est.tokens_per_s > est.tokens_per_s  # 4 stages of A100s: interleaving, overlap at least
+    n0 = cm.estimates
+    gone = Deadline(0.0)
+    assert modernize(plan, est, cm, deadline=gone) == (plan, est)
+    assert modern_variants([(plan, est)], cm, deadline=gone) == []
+    assert cm.estimates == n0
+
+
+def test_interleaving_follows_the_format():
+    from arachne.plan import Pipeline, Plan, Stage
+
+    cl = cluster([("A100-40", 1, 4)])
+    model = model_catalog().get("GPT-3-1.3B")
+
+    stages = tuple(Stage(layers=(a, b), devices=(f"g0-0:{i}",)) for i, (a, b) in enumerate([(0, 7), (7, 13), (13, 19),
+                                                                                           (19, 24)]))
+    pipe = Pipeline(micro_batches=8, stages=stages)
+    two = interleaved(pipe, 2)
+    assert two is not None and two.virtual_stages == 2
+    S = 4
+    order = [two.stages[j % S].ranges[j // S] for j in range(2 * S)]  # range j*S + s is chunk j of stage s
+    assert order[0][0] == 0 and order[-1][1] == 24
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(order))
+    assert [st.num_layers for st in two.stages] == [7, 6, 6, 5]  # each stage keeps its blocks
+    assert interleaved(pipe.model_copy(update={"micro_batches": 6}), 2) is None  # 6 % 4 stages
+    assert interleaved(pipe, 6) is None  # a stage of 5 blocks cannot take 6 chunks
+    plan = Plan(model="GPT-3-1.3B", global_batch_size=32, sequence_length=2048, micro_batch_size=4, pipelines=(two,))
+    assert not plan_errors(plan, cl, model)
+
+
+def test_context_parallelism_merges_pipelines_or_replaces_stage_dp():
+    from arachne.plan import Pipeline, Plan, Stage
+
+    cl = cluster([("H100", 2, 8)])
+    devs = [f"g0-{n}:{i}" for n in range(2) for i in range(8)]
+    pipes = tuple(Pipeline(micro_batches=8, stages=(Stage(layers=(0, 16), devices=tuple(devs[8 * q:8 * q + 4]), tp=2),
+                                                    Stage(layers=(16, 32), devices=tuple(devs[8 * q + 4:8 * q + 8]),
+                                                          tp=2)))
+                  for q in range(2))
+    plan = Plan(model="Llama-3.1-8B", global_batch_size=32, sequence_length=65536, micro_batch_size=2, pipelines=pipes)
+    model = model_catalog().get("Llama-3.1-8B")
+    merged = with_cp(plan, 2)
+    assert merged is not None and len(merged.pipelines) == 1 and merged.pipelines[0].micro_batches == 16
+    assert all(st.cp == 2 and st.dp_size == 2 for st in merged.pipelines[0].stages)
+    assert not plan_errors(merged, cl, model)
+    one = plan.model_copy(update={"pipelines": pipes[:1], "global_batch_size": 16})
+    split = with_cp(one, 2)
+    assert split is not None and all(st.cp == 2 and st.dp_size == 1 for st in split.pipelines[0].stages)
+    assert not plan_errors(split, cl, model)
+    assert with_cp(one, 4) is None  # dp 2 cannot give cp 4
+    assert with_cp(plan.model_copy(update={"sequence_length": 65534}), 2) is None  # not a multiple of 2 * cp
+
+
+def test_long_sequences_get_context_parallelism_or_a_faster_plan():
+    """Llama-3.1-8B, 64k tokens, 16 H100: the knobs' plan beats the best version-1 plan (it uses cp 2 at this
+    commit: two pipelines of tp 2 x dp 2 merged, and partial recomputation)."""
+    cl = cluster([("H100", 2, 8)])
+    model = model_catalog().get("Llama-3.1-8B")
+    job = Job(global_batch_size=64, sequence_length=65536)
+    cm = CostModel(cl)
+    v1, v1_est, _ = run_planner("arachne", cl, model, job, cm, SearchBudget(time_budget_s=60), modern_knobs=False)
+    v2, v2_est, _ = run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=60))
+    assert not uses_v2(v1)
+    validate_plan(v2, cl, model)
+    cps = {st.cp for p in v2.pipelines for st in p.stages}
+    assert max(cps) > 1 or v2_est.tokens_per_s > v1_est.tokens_per_s
+    assert v2_est.tokens_per_s >= v1_est.tokens_per_s
+
+
+def test_experts_try_etp_one_and_the_widest_ep():
+    from arachne.plan import Stage
+
+    model = model_catalog().get("Mixtral-8x7B")
+    st = Stage(layers=(0, 16), devices=tuple(f"g0-0:{i}" for i in range(8)), tp=2, dp=4, ep=2)
+    layouts = expert_layouts(st, model)
+    assert (8, 1) in layouts  # ep 8 x etp 1 over dp 4 x tp 2
+    assert (4, None) in layouts  # etp = tp: ep 4 divides dp 4 (version 1's spelling)
+    assert all(model.num_experts % ep == 0 and 8 % (ep * (etp or 2)) == 0 for ep, etp in layouts)
+
+
+def test_fp8_only_when_allowed_and_every_gpu_has_it():
+    model = model_catalog().get("LLaMA-2-7B")
+    job = Job(global_batch_size=32, sequence_length=2048)
+    h100 = cluster([("H100", 1, 8)])
+    cm, plans = v1_plans(h100, model, job)
+    plan, est = plans[0]
+    assert modernize(plan, est, cm)[0].precision == "bf16"  # the job says bf16
+    new, new_est = strict_modernize(plan, est, cm, allow_fp8=True)
+    check_variant(plan, est, new, new_est, cm, h100, model)
+    assert new.precision == "fp8"
+    mixed = cluster([("H100", 1, 4), ("A100-40", 1, 4)])
+    cm, plans = v1_plans(mixed, model, job)
+    for plan, est in plans:
+        assert modernize(plan, est, cm, allow_fp8=True)[0].precision == "bf16"  # an A100 has no FP8 rate
+
+
+def test_the_switch_turns_the_knobs_off():
+    cl = cluster([("V100-16", 2, 4)])
+    model = model_catalog().get("GPT-3-1.3B")
+    job = Job(global_batch_size=64, sequence_length=2048)
+    off, off_est, _ = run_planner("arachne", cl, model, job, CostModel(cl), modern_knobs=False)
+    _, on_est, _ = run_planner("arachne", cl, model, job, CostModel(cl))
+    assert not uses_v2(off)
+    assert on_est.tokens_per_s >= off_est.tokens_per_s * (1 - 1e-9)
+
+
+def test_recomputation_is_cut_to_what_memory_needs():
+    """A plan that recomputes every stage although memory does not need it: the knobs recompute less."""
+    from arachne.planners.arachne.completion.modern import map_stages, with_recompute
+
+    cl = cluster([("A100-40", 2, 4)])
+    model = model_catalog().get("LLaMA-2-7B")
+    cm, plans = v1_plans(cl, model, Job(global_batch_size=64, sequence_length=2048))
+    plan, _ = plans[0]
+    full = map_stages(plan, lambda _a, _b, _p, st: with_recompute(st, "full"))
+    est = cm.estimate(full)
+    assert est.fits
+    new, new_est = strict_modernize(full, est, cm)
+    check_variant(full, est, new, new_est, cm, cl, model)
+    assert new_est.iteration_time_s < est.iteration_time_s
+    recomputed = sum(st.recompute_layers or st.num_layers for p in new.pipelines for st in p.stages if st.recompute is True)
+    assert recomputed < sum(st.num_layers for p in full.pipelines for st in p.stages)

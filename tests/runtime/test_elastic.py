@@ -1,0 +1,158 @@
+"""Elastic training end to end on CPU: simulated nodes as torch elastic agents, one killed, one joining.
+
+Three simulated nodes (2, 1 and 1 devices) start a job; at a random step (seeded) the agent of a node the
+plan uses is killed with its process group (SIGKILL); a fourth node asks to join once the job has restored.
+The run must reach its last step with the losses of single-process full-batch training (the same for any
+plan, so it is the reference of a run that switches plans at the same steps), train no step twice after a
+restore point, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from arachne.plan import plan_from_dict, validate_plan
+from arachne.runtime import checkpoint as ckpt
+from arachne.runtime.elastic_agent import ElasticConfig, ElasticJob, run_elastic
+from arachne.runtime.reference import reference_run
+from arachne.spec.cluster import cluster_from_dict
+
+pytestmark = [pytest.mark.torch]
+
+SEED = 5
+STEPS = 50
+# a slow simulated GPU with little memory beyond the fixed per-GPU overhead, so that the planner spreads the
+# tiny model over more than one device
+SIM = {"name": "SIM", "memory_gb": 5.06, "peak_tflops": 10, "memory_bandwidth_gbps": 100, "intra_node_gbps": 10,
+       "inter_node_gbps": 1}
+NODES = [{"name": "n0", "gpu": "SIM", "gpus_per_node": 2}, {"name": "n1", "gpu": "SIM", "gpus_per_node": 1},
+         {"name": "n2", "gpu": "SIM", "gpus_per_node": 1}, {"name": "n3", "gpu": "SIM", "gpus_per_node": 2}]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_node_lost_by_kill_and_node_joining(rt, tmp_path):
+    cluster = cluster_from_dict({"name": "elastic", "nodes": NODES, "gpu_types": [SIM]})
+    doc = rt.make_plan(rt.DENSE, [{"micro_batches": 4, "stages": [
+        {"layers": [0, 2], "devices": ["n0:0", "n0:1"], "tp": 2}, {"layers": [2, 4], "devices": ["n1:0"]}]}])
+    plan = plan_from_dict(doc, "plan")
+    model = validate_plan(plan, cluster, source="plan")
+    kill_at = random.Random(SEED).randint(2, 6)
+    seen: list[dict] = []
+    state: dict = {"victim": None, "joined": False, "devices": None, "procs": set()}
+
+    def on_record(d: dict, job: ElasticJob) -> None:
+        seen.append(d)
+        state["procs"] |= _descendants(os.getpid())
+        if "event" in d:
+            state["devices"] = d["devices"]
+            if state["victim"] is not None and not state["joined"]:
+                job.add("n3")  # the fourth node asks to join once the job has recovered
+                state["joined"] = True
+        elif d["step"] >= kill_at and state["victim"] is None:
+            state["victim"] = state["devices"][0].split(":")[0]  # a node the running plan uses
+            job.kill(state["victim"])
+
+    cfg = ElasticConfig(steps=STEPS, checkpoint_dir=tmp_path / "ck", checkpoint_every=2, horizon_steps=10**9,
+                        initial_nodes=["n0", "n1", "n2"], seed=SEED, timeout_s=30, min_step_s=0.3,
+                        job_timeout_s=240)
+    res = run_elastic(plan, model, cluster, cfg, on_record)
+
+    # it reached its last step, with the reference losses, through every plan
+    ref = reference_run(model, plan.global_batch_size, plan.sequence_length, STEPS, seed=SEED)
+    assert {r["step"] for r in res.records} == set(range(STEPS))
+    assert res.records[-1]["step"] == STEPS - 1
+    for r in res.records:
+        assert abs(r["loss"] - ref.losses[r["step"]]) <= 1e-5 * abs(ref.losses[r["step"]]), r
+    assert ckpt.read_meta(ckpt.latest(tmp_path / "ck"))["step"] == STEPS
+
+    # no step trained twice after a restore point: after each restore the steps run on from it, once each
+    expect: int | None = None
+    for d in seen:
+        if "event" in d:
+            if d["resumed_from_step"] is not None:
+                expect = d["resumed_from_step"]
+            continue
+        assert expect is None or d["step"] == expect, (d, expect)
+        expect = d["step"] + 1
+
+    # the loss and the join were both seen, with the timings reported
+    victim = state["victim"]
+    lost = [e for e in res.events if any(x.startswith(victim + ":") for x in e["lost"])]
+    assert len(lost) == 1 and lost[0]["event"] in ("replan", "keep")
+    assert lost[0]["resumed_from_step"] <= kill_at + 1
+    joins = [e for e in res.events if "n3:0" in e["joined"] and e["event"] != "start"]
+    assert len(joins) == 1 and joins[0]["event"] in ("replan", "keep"), res.events
+    for e in res.events:
+        print({k: e.get(k) for k in ("event", "reason", "detect_s", "rendezvous_s", "plan_s", "restore_s",
+                                     "resumed_from_step", "restore")})
+    print(res.summary)
+    for e in lost + [j for j in joins if j["event"] == "replan"]:
+        assert e["plan_s"] < 1.0
+        assert e["detect_s"] + e["plan_s"] + e["restore_s"] < 10.0
+    assert res.summary["steps"] == STEPS and res.summary["steps_lost"] >= 0
+
+    # no process left behind
+    assert state["procs"], "no agent was ever seen"
+    assert not [p for p in state["procs"] if _alive(p)]
+    assert not [p for p in _descendants(os.getpid()) if _alive(p)]
+
+
+def _main(monkeypatch, capsys, *args) -> tuple[int, str]:
+    import sys
+
+    from arachne.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["arachne", *[str(a) for a in args]])
+    with pytest.raises(SystemExit) as info:
+        main()
+    return int(info.value.code or 0), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,flag", [([], "--elastic"), (["--simulate-devices"], "--checkpoint-dir"),
+                                        (["--simulate-devices", "--checkpoint-dir", "CK", "--min-nodes", "9"],
+                                         "--min-nodes")])
+def test_elastic_flags_are_one_line_errors(monkeypatch, capsys, rt, tmp_path, extra, flag):
+    import json
+
+    import yaml
+
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump({"name": "e", "nodes": NODES[:2], "gpu_types": [SIM]}))
+    (tmp_path / "plan.json").write_text(json.dumps(rt.make_plan(rt.DENSE, [{"micro_batches": 4, "stages": [
+        {"layers": [0, 4], "devices": ["n0:0"]}]}])))
+    extra = [str(tmp_path / "ck") if a == "CK" else a for a in extra]
+    code, err = _main(monkeypatch, capsys, "run", "-c", tmp_path / "cluster.yaml", "-p", tmp_path / "plan.json",
+                      "--elastic", *extra)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and flag in err and "Traceback" not in err
