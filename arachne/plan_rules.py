@@ -194,11 +194,51 @@ def interleaved_errors(plan: Plan, pipe: Pipeline, pfx: str, num_layers: int) ->
 def uses_v2(plan: Plan) -> bool:
     """Whether ``plan`` sets any version-2 field (a fast test; :func:`v2_fields_used` names them)."""
     return (plan.precision == "fp8" or plan.zero_stage >= 2 or plan.overlap_grad_reduce
-            or plan.overlap_param_gather
+            or plan.overlap_param_gather or plan.framework is not None or plan.grad_reduce_in_fp32 is not None
             or any(p.virtual_stages != 1 or any(st.cp != 1 or st.sequence_parallel or st.recompute == "selective"
                                                 or st.recompute_layers is not None or st.etp is not None
                                                 or st.layers is not st.ranges[0] for st in p.stages)
                    for p in plan.pipelines))
+
+
+def same_math_plan(plan: Plan) -> tuple[Plan, list[str]]:
+    """``plan`` with the version-2 settings that change memory and communication but not the computed values
+    replaced by what arachne's runtime executes, and one note per replacement: overlap flags off, sequence
+    parallelism as plain tp, ZeRO-2/3 as the runtime's ZeRO-1, selective or partial recomputation as full
+    recomputation of the stage (never more memory than the plan's), ``framework`` and
+    ``grad_reduce_in_fp32`` dropped. What changes the structure (interleaving, cp, etp, fp8) is kept, for
+    :func:`refuse_v2` to refuse."""
+    notes: list[str] = []
+    top: dict[str, Any] = {}
+    if plan.overlap_grad_reduce or plan.overlap_param_gather:
+        top.update(overlap_grad_reduce=False, overlap_param_gather=False)
+        notes.append("overlap flags: gradients reduced after the backward pass")
+    if plan.zero_stage >= 2:
+        top["zero_stage"] = 1
+        notes.append(f"zero_stage {plan.zero_stage}: run as ZeRO-1 (more memory per device than the plan's)")
+    if plan.framework is not None or plan.grad_reduce_in_fp32 is not None:
+        top.update(framework=None, grad_reduce_in_fp32=None)
+        notes.append("framework / grad_reduce_in_fp32: the runtime's own memory layout")
+    pipes, changed = [], False
+    for p in plan.pipelines:
+        stages = []
+        for st in p.stages:
+            upd: dict[str, Any] = {}
+            if st.sequence_parallel:
+                upd["sequence_parallel"] = False
+            if st.recompute == "selective" or st.recompute_layers is not None:
+                upd.update(recompute=True, recompute_layers=None)
+            stages.append(st.model_copy(update=upd) if upd else st)
+            changed = changed or bool(upd)
+        pipes.append(p.model_copy(update={"stages": tuple(stages)}))
+    if any(st.sequence_parallel for p in plan.pipelines for st in p.stages):
+        notes.append("sequence_parallel: run as plain tensor parallelism (all-reduces)")
+    if any(st.recompute == "selective" or st.recompute_layers is not None for p in plan.pipelines
+           for st in p.stages):
+        notes.append("selective / partial recomputation: the whole stage recomputed")
+    if changed:
+        top["pipelines"] = tuple(pipes)
+    return (plan.model_copy(update=top) if top else plan), notes
 
 
 def refuse_v2(plan: Plan, model: ModelSpec, source: str, what: str) -> None:

@@ -94,13 +94,30 @@ def _summaries(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[d
 
 
 def _table(title: str, heads: list[str], rows: list[list[Any]]) -> None:
-    """A compact table (no vertical rules) that fits 80 columns."""
+    """A compact table (no vertical rules) that fits 80 columns: the case column folds, numbers never do;
+    columns headed ``x ...`` are ratios."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for i, h in enumerate(heads):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+        if i == 0:
+            t.add_column(h, justify="left", overflow="fold", max_width=30)
+        else:
+            t.add_column(h, justify="right", no_wrap=True, min_width=len(h))
     for r in rows:
-        t.add_row(*[common.cell(v) if not isinstance(v, str) else v for v in r])
+        t.add_row(r[0], *[_short(v, h.startswith("x")) for v, h in zip(r[1:], heads[1:])])
     common.console.print(t)
+
+
+def _short(v: Any, ratio: bool = False) -> str:
+    """A number in at most 7 characters: 344.6k, 9.43M, 0.0177; ratios as 1.015."""
+    if v is None or isinstance(v, str):
+        return "-" if v is None else v
+    if ratio:
+        return f"{v:.3f}"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if abs(v) >= 1e4:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.4g}"
 
 
 def run(a) -> None:
@@ -129,11 +146,11 @@ def run(a) -> None:
     _table("USD per million tokens (M): arachne --objective cost vs the cheapest baseline plan (baselines "
            "plan for throughput); x = baseline $/M over cost $/M", ["case", "cost $/M", "tok/s",
                                                                   "base $/M", "tok/s", "x"],
-           [[r["case"], r["cost_usd_per_mtok"] or "no price", r["cost_tokens_per_s"],
+           [[r["case"], r["cost_usd_per_mtok"] or "no $", r["cost_tokens_per_s"],
              r["base_usd_per_mtok"], r["base_tokens_per_s"], r["base_over_cost"]] for r in cost])
     _table("tokens/s: arachne --runtime megatron vs the better Megatron grid baseline (megatron, "
            "megatron-oblivious), and arachne unrestricted",
-           ["case", "megatron", "arachne-meg", "x base", "arachne", "x free"],
+           ["case", "megatron", "arach-meg", "x base", "arachne", "x free"],
            [[r["case"], r["megatron_tokens_per_s"], r["arachne_megatron_tokens_per_s"], r["vs_baseline"],
              r["arachne_tokens_per_s"], r["freedom"]] for r in meg])
     common.console.print(summary, highlight=False)

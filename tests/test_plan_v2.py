@@ -294,3 +294,42 @@ def test_cli_on_v2_plans(args, words):
     out = " ".join(result.output.split())
     assert words in out
     assert result.exit_code == (0 if args[0] == "validate-plan" else 2)
+
+
+@pytest.mark.parametrize("top", [{"framework": "torch"}, {"framework": "megatron"}, {"grad_reduce_in_fp32": False},
+                                 {"grad_reduce_in_fp32": True}])
+def test_framework_and_gradient_type_are_version_2_fields(top):
+    """arachne's optional additions round-trip, make a plan version 2, are refused in a version-1 document,
+    and change only memory (framework) or memory and the gradient sync (grad_reduce_in_fp32)."""
+    doc = dict(_v1_on_h100(), **top)
+    plan = plan_from_dict(doc)
+    assert uses_v2(plan) and plan.written_format == "arachne-plan/2"
+    assert plan_from_dict(plan.to_doc()) == plan
+    with pytest.raises(InputError, match=next(iter(top))):
+        plan_from_dict(dict(doc, format="arachne-plan/1"))
+    base = CostModel(H100, profiles=None).estimate(plan_from_dict(_v1_on_h100()))
+    est = CostModel(H100, profiles=None).estimate(plan)
+    if "framework" in top:
+        assert est.iteration_time_s == base.iteration_time_s
+    if top == {"grad_reduce_in_fp32": False}:  # 16-bit gradients: less memory, a faster sync
+        assert est.max_memory_bytes < base.max_memory_bytes
+        assert est.breakdown["dp_sync_s"] < base.breakdown["dp_sync_s"]
+    if top == {"grad_reduce_in_fp32": True}:  # the default, said out loud
+        assert est.iteration_time_s == base.iteration_time_s and est.max_memory_bytes == base.max_memory_bytes
+
+
+def test_same_math_plan_keeps_structure_and_drops_only_what_leaves_the_values_alone():
+    from arachne.plan_rules import refuse_v2, same_math_plan
+
+    doc = dict(_v1_on_h100(sequence_parallel=True, recompute="selective"), zero_stage=3, overlap_grad_reduce=True,
+               framework="torch", grad_reduce_in_fp32=False)
+    plan = plan_from_dict(doc)
+    run, notes = same_math_plan(plan)
+    assert not uses_v2(run) and len(notes) == 5
+    st = run.pipelines[0].stages[1]
+    assert (st.sequence_parallel, st.recompute, run.zero_stage) == (False, True, 1)
+    assert [s.devices for p in run.pipelines for s in p.stages] == [s.devices for p in plan.pipelines for s in p.stages]
+    refuse_v2(run, plan.resolve_model(), "p", "arachne run")  # nothing left to refuse
+    inter = load_plan(V2 / "interleaved-sp-selective.json")
+    with pytest.raises(InputError, match="virtual_stages"):
+        refuse_v2(same_math_plan(inter)[0], inter.resolve_model(), "p", "arachne run")

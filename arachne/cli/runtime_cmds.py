@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import math
 import shlex
 from collections.abc import Callable
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a plan for real: one process per plan device, synthetic data, PyTorch distributed."""
         from arachne.plan import load_plan, validate_plan
-        from arachne.plan_rules import refuse_v2
+        from arachne.plan_rules import refuse_v2, same_math_plan
         from arachne.runtime.flags import check_lr, check_timeout
         from arachne.spec.cluster import load_cluster
 
@@ -110,6 +111,9 @@ def register(app: typer.Typer) -> None:
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
+        pl, notes = same_math_plan(pl)  # v2 settings that leave the computed values alone run as v1 equivalents
+        for note in notes:
+            print(f"note: {plan}: {note}", file=sys.stderr)
         refuse_v2(pl, model, str(plan), "arachne run")  # formats v2 features the runtime does not run yet
         db = _profile_db(profiles) if measure else None
         _need_torch("run")

@@ -34,7 +34,6 @@ class SyncMixin:
         return hit[1]
 
     def _new_sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]], list[tuple[float, ...]]]:
-        prec = plan.precision
         # gradients are reduced in fp32 unless the plan says otherwise (``grad_reduce_in_fp32``: Megatron-LM
         # with bf16 and torchtitan's FSDP reduce in fp32 by default)
         grad_b = grad_bytes(plan)

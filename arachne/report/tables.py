@@ -39,7 +39,7 @@ class _StageRow:
     stage: int
     gpu: str
     layers: tuple[int, int]
-    recompute: bool
+    recompute: bool | str
     devices: int
     tp: int
     dp: int
@@ -58,7 +58,7 @@ def _stage_rows(plan: Plan, est: Estimate) -> list[tuple[str, list[_StageRow]]]:
         p = plan.pipelines[s.pipeline]
         micro = None if s.stage else (p.micro_batches, plan.mbs(p))
         rows.setdefault(s.pipeline, []).append(
-            _StageRow(micro, s.stage, s.gpu, tuple(s.layers), bool(st.recompute), len(st.devices), s.tp, s.dp,
+            _StageRow(micro, s.stage, s.gpu, tuple(s.layers), st.recompute, len(st.devices), s.tp, s.dp,
                       s.ep, s.fwd_s + s.bwd_s, s.memory_bytes, s.capacity_bytes, s.source))
     order, blocks, i = sorted(rows), [], 0
     while i < len(order):
@@ -81,10 +81,22 @@ def _stage_wide(blocks: list[tuple[str, list[_StageRow]]], title: str) -> Table:
             ratio = r.memory / r.capacity
             mem = f"{fmt_bytes(r.memory)} / {fmt_bytes(r.capacity)} ({ratio:.0%})"
             t.add_row(label if k == 0 else "", f"{r.micro[0]} x {r.micro[1]}" if r.micro else "", str(r.stage),
-                      text(r.gpu), f"[{r.layers[0]}, {r.layers[1]})" + (" rc" if r.recompute else ""),
+                      text(r.gpu), _layers(r.layers) + _rc(r.recompute),
                       str(r.devices), str(r.tp), str(r.dp), str(r.ep), fmt_time(r.time_s),
                       Text(mem, style=memory_style(ratio)), text(r.source))
     return t
+
+
+def _layers(layers) -> str:
+    """``[a, b)``, or an interleaved stage's chunks ``[a, b)+[c, d)``."""
+    if layers and isinstance(layers[0], (tuple, list)):
+        return "+".join(f"[{a},{b})" for a, b in layers)
+    return f"[{layers[0]}, {layers[1]})"
+
+
+def _rc(recompute) -> str:
+    """The stage's recomputation, short: `` rc`` (full), `` sel`` (selective), nothing otherwise."""
+    return {True: " rc", "full": " rc", "selective": " sel"}.get(recompute, "")
 
 
 def _stage_compact(blocks: list[tuple[str, list[_StageRow]]], title: str) -> Table:
@@ -101,7 +113,7 @@ def _stage_compact(blocks: list[tuple[str, list[_StageRow]]], title: str) -> Tab
         for k, r in enumerate(block):
             ratio = r.memory / r.capacity
             cells = [label if k == 0 else "", f"{r.micro[0]}x{r.micro[1]}" if r.micro else "", str(r.stage),
-                     text(r.gpu), f"[{r.layers[0]}, {r.layers[1]})" + (" rc" if r.recompute else ""),
+                     text(r.gpu), _layers(r.layers) + _rc(r.recompute),
                      f"{r.tp}/{r.dp}/{r.ep}", fmt_time(r.time_s),
                      Text(f"{fmt_bytes(r.memory)} {ratio:.0%}", style=memory_style(ratio))]
             t.add_row(*cells, *([text(r.source)] if len(sources) > 1 else []))

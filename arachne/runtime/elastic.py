@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -96,14 +97,32 @@ def _replan(old: Plan, cluster: Cluster, model: ModelSpec, budget_s: float) -> A
     return replan(old, cluster, SearchBudget(time_budget_s=budget_s), model=model)
 
 
-def restore_costs(res: Any, store: Store) -> dict[str, Any]:
-    """Move state directly (the migration model's estimate) or reload it from the checkpoint (its bytes
-    at the read rate measured by the last checkpoint save): the cheaper is chosen."""
-    migrate_s = float(res.migration.seconds)
+def state_survives(old: Plan, lost: list[str]) -> bool:
+    """Whether every layer (and the embedding and head) of ``old`` is still whole on devices that did not
+    leave: some stage holding it keeps a dp group with none of ``lost`` (only then can state move directly)."""
+    gone = set(lost)
+    kept: set[str] = set()
+    for pipe in old.pipelines:
+        last = len(pipe.stages) - 1
+        for si, st in enumerate(pipe.stages):
+            if any(not (set(g) & gone) for g in st.groups()):
+                kept |= {str(i) for i in range(st.start, st.end)} | ({"emb"} if si == 0 else set()) | \
+                    ({"head"} if si == last else set())
+    need = {str(i) for i in range(old.pipelines[0].stages[-1].end)} | {"emb", "head"}
+    return need <= kept
+
+
+def restore_costs(res: Any, store: Store, survives: bool = True) -> dict[str, Any]:
+    """Move state directly (the migration model's estimate; possible only when the state survives) or
+    reload it from the checkpoint (its bytes at the rate measured by the last save): the cheaper is chosen."""
+    migrate_s = float(res.migration.seconds) if survives else None
     rate = store.get("state/ckpt_rate")  # bytes/s of the last save
     size = store.get("state/ckpt_bytes")
     reload_s = float(size) / float(rate) if size and rate else None
-    choice = "migrate" if reload_s is None or migrate_s < reload_s else "reload"
+    if migrate_s is None:
+        choice = "reload"
+    else:
+        choice = "migrate" if reload_s is None or migrate_s < reload_s else "reload"
     return {"restore": choice, "migrate_s_est": migrate_s, "reload_s_est": reload_s}
 
 
@@ -120,7 +139,7 @@ def judge_join(store: Store, cfg: dict[str, Any], plan: Plan, members: list[str]
     left = cfg["horizon_steps"]  # the user's horizon: how many more steps the job is expected to run
     costs = restore_costs(res, store)
     restart_s = float(store.get("state/last_downtime_s", DEFAULT_RESTART_S))
-    move_s = min(x for x in (costs["migrate_s_est"], costs["reload_s_est"]) if x is not None)
+    move_s = min((x for x in (costs["migrate_s_est"], costs["reload_s_est"]) if x is not None), default=0.0)
     old_t = res.old_estimate.iteration_time_s if res.old_estimate else None
     saved = (old_t - res.estimate.iteration_time_s) if old_t is not None else None
     break_even = (move_s + restart_s) / saved if saved and saved > 0 and not res.kept_old else None
@@ -179,13 +198,16 @@ def decide_round(store: Store, cfg: dict[str, Any], members: list[str], t_known:
                 else "workers restarted after a failure")
         if before is None:
             kind, reason = "start", "first rendezvous"
-        elif res.kept_old:
-            kind, reason = "keep", f"{what}: the running plan still runs and nothing planned is faster"
+            costs: dict[str, Any] = {"restore": "reload" if ckpt.latest(Path(cfg["checkpoint_dir"])) else "none",
+                                     "migrate_s_est": None, "reload_s_est": None}
         else:
-            kind, reason = "replan", f"{what}: " + (res.old_problem or "a faster plan")
+            kind = "keep" if res.kept_old else "replan"
+            reason = (f"{what}: the running plan still runs and nothing planned is faster" if res.kept_old
+                      else f"{what}: " + (res.old_problem or "a faster plan"))
+            costs = restore_costs(res, store, state_survives(plan_from_dict(old_doc, "plan"), lost))
         ev = _event(kind, reason, lost=lost, joined=joined, plan_s=plan_s, detect_s=detect_s,
                     old_tokens_per_s=res.old_estimate.tokens_per_s if res.old_estimate else None,
-                    new_tokens_per_s=res.estimate.tokens_per_s, **restore_costs(res, store))
+                    new_tokens_per_s=res.estimate.tokens_per_s, **costs)
     store.set("state/members", members)
     store.set("state/plan", doc)
     ev["plan_id"] = plan_id(doc)
@@ -305,6 +327,7 @@ def _train(store: Store, cfg: dict[str, Any], plan: Plan, decision: dict[str, An
 
 def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: list[str], rnd: int) -> None:
     wcfg, rank = w.cfg, w.rank
+    saver = AsyncSaver(cfg["store_host"], cfg["store_port"], w, rnd)
     world = len(wcfg.order)
     samples, step = wcfg.start_sample, wcfg.start_step
     losses: list[float] = list(wcfg.extra.get("losses", []))
@@ -321,7 +344,8 @@ def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: lis
             raise RuntimeError(f"node {box[0]['gone']} left (its agent stopped answering)")
         if box[0] is not None and box[0]["take"]:
             if saved_at != step:
-                _save(store, w, step, samples, losses)
+                saver.save(step, samples, losses)
+            saver.wait()
             if rank == 0:
                 store.set("state/pending", {**box[0], "t": time.time()})
                 store.set(f"admit/{box[0]['node']}", 1)
@@ -350,20 +374,73 @@ def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: lis
                         "plan_id": pid})
             store.set("state/progress_t", time.time())
         if step % cfg["checkpoint_every"] == 0 or step == cfg["total_steps"]:
-            _save(store, w, step, samples, losses)
+            saver.save(step, samples, losses)
             saved_at = step
+    saver.wait()
+    if world > 1:
+        dist.barrier()  # every rank's save is complete (rank 0's assembled) before the job is done
     if rank == 0:
         store.set("done", 1)
 
 
-def _save(store: Store, w: Worker, step: int, samples: int, losses: list[float]) -> None:
-    t0 = time.perf_counter()
-    w.save_checkpoint(step, samples, losses)
-    if w.rank == 0:
-        path = ckpt.step_dir(Path(w.cfg.checkpoint_dir or "."), step)
-        size = sum(f.stat().st_size for f in path.glob("*.pt"))
-        store.set("state/ckpt_bytes", size)
-        store.set("state/ckpt_rate", size / max(1e-6, time.perf_counter() - t0))
+class AsyncSaver:
+    """Checkpoints written in the background: each rank copies its pieces (on the training thread), then a
+    thread writes them and marks them done in the store; rank 0's thread waits for every rank's mark and
+    assembles the step (published atomically, so a round killed meanwhile leaves the previous one latest).
+    One save at a time: the next one, a join and the end of training wait for it (:meth:`wait`)."""
+
+    def __init__(self, host: str, port: int, w: Worker, rnd: int):
+        self.host, self.port, self.w, self.rnd = host, port, w, rnd
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def save(self, step: int, samples: int, losses: list[float]) -> None:
+        self.wait()
+        w = self.w
+        pieces: dict[str, list[dict[str, Any]]] = {}
+        for spec in w.layout.checkpoint_writers.get(w.rank, []):
+            p = w.by_spec[spec]
+            piece: dict[str, Any] = {"dim": spec.dim, "start": spec.start, "stop": spec.stop,
+                                     "param": p.detach().cpu().clone()}
+            st = w.opt.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    piece[key] = st[key].detach().cpu().clone()
+            pieces.setdefault(spec.name, []).append(piece)
+        meta = {"format": ckpt.CHECKPOINT_FORMAT, "step": step, "samples": samples, "seed": w.cfg.seed,
+                "lr": w.cfg.lr, "optimizer": w.plan.optimizer, "model": w.cfg.model, "plan": w.cfg.plan,
+                "losses": list(losses)}
+        self.thread = threading.Thread(target=self._write, args=(step, pieces, meta), name="arachne-ckpt",
+                                       daemon=True)
+        self.thread.start()
+
+    def _write(self, step: int, pieces: dict[str, list[dict[str, Any]]], meta: dict[str, Any]) -> None:
+        try:
+            w, root = self.w, Path(self.w.cfg.checkpoint_dir or ".")
+            store = Store(self.host, self.port, self.w.cfg.timeout_s)  # its own connection
+            t0 = time.perf_counter()
+            if pieces:
+                ckpt.save_pieces(root, step, w.rank, pieces)
+            store.set(f"ckpt/{self.rnd}/{step}/{w.rank}", 1)
+            if w.rank != 0:
+                return
+            keys = [f"{PREFIX}ckpt/{self.rnd}/{step}/{r}" for r in range(w.layout.world_size)]
+            store.raw.wait(keys, datetime.timedelta(seconds=w.cfg.timeout_s))
+            shapes = {name: hs[0][1].shape for name, hs in w.layout.holders.items()}
+            path = ckpt.assemble(root, step, shapes, meta)
+            size = sum(f.stat().st_size for f in path.glob("*.pt"))
+            store.set("state/ckpt_bytes", size)
+            store.set("state/ckpt_rate", size / max(1e-6, time.perf_counter() - t0))
+        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            self.error = exc
+
+    def wait(self) -> None:
+        """Wait for the save in flight; raise what it failed with."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise RuntimeError(f"checkpoint save failed: {one_line(self.error)}")
 
 
 def _boundary(store: Store, cfg: dict[str, Any], plan: Plan, members: list[str],

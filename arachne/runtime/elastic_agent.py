@@ -99,7 +99,7 @@ class ElasticJob:
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE: each round's rank-0 agent hosts that round's worker store; a shared
         # one is cached from the first round and unreachable once its host node has left
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": os.environ.get("ARACHNE_ELASTIC_LOGLEVEL", "WARNING"),
-               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "ARACHNE_ELASTIC_TORCH_LOGS": str(self.logs / f"{node}-torch")}
         with open(self.logs / f"{node}.log", "ab") as log:
             self.agents[node] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                                  env=env)
@@ -168,7 +168,7 @@ def run_elastic(plan: Plan, model: ModelSpec, cluster: Cluster, cfg: ElasticConf
                    "lr": cfg.lr, "timeout_s": cfg.timeout_s, "checkpoint_dir": str(root.resolve()),
                    "checkpoint_every": cfg.checkpoint_every, "horizon_steps": cfg.horizon_steps,
                    "total_steps": start + cfg.steps, "plan_budget_s": cfg.plan_budget_s,
-                   "min_step_s": cfg.min_step_s}
+                   "min_step_s": cfg.min_step_s, "store_host": "127.0.0.1", "store_port": port}
         store.set("arachne/cfg", json.dumps(job_cfg))
         job = ElasticJob(store, port, cfg, cluster, f"arachne-{port}", Path(logs))
         t0 = time.time()
@@ -252,8 +252,8 @@ def run_from_cli(plan: Plan, model: ModelSpec, cluster: Cluster, cfg: ElasticCon
     from arachne.errors import InputError
 
     if not simulate_devices:
-        raise InputError("", "--elastic", "runs simulated nodes on this machine only: add --simulate-devices "
-                                          "(on a real cluster start `arachne.runtime.elastic_agent` on each node)")
+        raise InputError("", "--elastic", "runs simulated nodes on this machine only (not yet on a real "
+                                          "cluster): add --simulate-devices")
     if cfg.checkpoint_dir is None:
         raise InputError("", "--checkpoint-dir", "--elastic restores every restart from it: give one")
     nodes = len(cluster.nodes)
@@ -300,6 +300,7 @@ def agent_main(argv: list[str] | None = None) -> int:
 
     import torch._dynamo  # noqa: F401 - torch's log formatter imports it on the first worker failure (seconds)
     import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from arachne.runtime.elastic import ALIVE_EVERY_S, worker_entry
@@ -322,7 +323,8 @@ def agent_main(argv: list[str] | None = None) -> int:
     config = LaunchConfig(min_nodes=a.min_nodes, max_nodes=a.max_nodes, nproc_per_node=a.nproc, run_id=a.run_id,
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{a.port}", rdzv_configs=dict(RDZV),
                           max_restarts=a.max_restarts, monitor_interval=0.1, start_method="fork",
-                          local_addr="127.0.0.1")
+                          local_addr="127.0.0.1",  # torch's per-agent log files go where the launcher cleans up
+                          logs_specs=DefaultLogsSpecs(log_dir=os.environ.get("ARACHNE_ELASTIC_TORCH_LOGS")))
     elastic_launch(config, worker_entry)("127.0.0.1", a.port, a.node)
     return 0
 

@@ -3,9 +3,9 @@ as released, as :class:`~arachne.spec.constraints.Constraints` plus the few rule
 key for. One place: the planners' selection (``arachne.planners.harness``) and ``arachne export`` use the
 same :func:`legality_errors`.
 
-Each preset names the release its rules were written against. They were written from the frameworks'
-documentation as recalled when this module was written (2026-12), not re-read against a tagged release in
-that session: ``checked`` says so, and a preset that is wrong for a newer release is a bug to report.
+Each preset names the release its rules were written against and, in ``checked``, which rules were read
+from a retrieved page (and which were recalled) when this module was written (2026-12-02); none was
+re-checked against a tagged release's source. A preset that is wrong for a newer release is a bug to report.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class RuntimePreset:
     megatron_split: bool = False
     """Layer counts per stage: the first and last stage may differ, the middle stages are equal (Megatron's
     ``--decoder-first/last-pipeline-num-layers``)."""
+    expert_tp_is_tp: bool = False
+    """Routed experts run at the stage's own tp (no separate expert tensor parallelism)."""
     pipeline_max_zero: int | None = None
     """With more than one stage, ZeRO stages above this are not available (DeepSpeed's pipeline engine)."""
     notes: tuple[str, ...] = field(default=())
@@ -52,7 +54,10 @@ class RuntimePreset:
 RUNTIMES: dict[str, RuntimePreset] = {
     "arachne": RuntimePreset(
         "arachne", "arachne's own runtime (arachne.runtime, this version)", "this repository",
-        Constraints(), notes=("every plan the formats allow, as arachne run executes it",)),
+        Constraints(virtual_stages=False, max_cp=1, fp8=False), expert_tp_is_tp=True,
+        notes=("what arachne run executes: no interleaving, context parallelism, expert tp or fp8; overlap, "
+               "sequence parallelism, ZeRO-2/3 and selective recomputation run as their same-math "
+               "equivalents (plan_rules.same_math_plan)",)),
     "megatron": RuntimePreset(
         "megatron", "Megatron-LM (megatron-core 0.12 era, 2025)",
         "Megatron-LM arguments guide (--tensor/--pipeline/--context/--expert-model-parallel-size, "
@@ -64,16 +69,19 @@ RUNTIMES: dict[str, RuntimePreset] = {
                "one pipeline structure, tp, dp and micro-batch size for all replicas")),
     "torchtitan": RuntimePreset(
         "torchtitan", "torchtitan (PyTorch FSDP2 + TP + PP + CP, 2025 releases)",
-        "torchtitan README and docs (parallelisms: FSDP2/HSDP, tensor, pipeline with interleaved schedules, "
-        "context parallel, float8; activation checkpointing none/selective/full), as recalled 2026-12, not "
-        "re-read",
-        Constraints(zero_stages=(0, 3), one_micro_batch_size=True),
+        "torchtitan README (pypi.org/project/custom-torchtitan, read 2026-12-02: FSDP2 with per-parameter "
+        "sharding, tensor parallel, pipeline parallel, context parallel, selective layer/op activation "
+        "checkpointing, Float8); interleaved pipeline schedules and FSDP2's reshard_after_forward=False "
+        "(ZeRO-2-like) as recalled",
+        Constraints(zero_stages=(0, 2, 3), one_micro_batch_size=True),
         one_structure=True, equal_pipelines_work=True, one_tp_dp=True,
-        notes=("ZeRO-3 is FSDP2 sharding, 0 is plain replication; ZeRO-1/2 have no torchtitan equivalent",)),
+        notes=("ZeRO-3 is FSDP2 sharding, 2 FSDP2 without resharding after forward, 0 plain replication; "
+               "ZeRO-1 has no torchtitan equivalent",)),
     "deepspeed": RuntimePreset(
         "deepspeed", "DeepSpeed (ZeRO 0-3 and its PipelineModule engine, 0.16 era, 2025)",
-        "DeepSpeed docs (ZeRO stages; pipeline parallelism: 1F1B without interleaving, compatible with ZeRO "
-        "stage 0/1 only; activation checkpointing per layer), as recalled 2026-12, not re-read",
+        "DeepSpeed's PipelineEngine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' "
+        "(deepspeed/runtime/pipe/engine.py, seen in a 2022 EleutherAI training log, read 2026-12-02); 1F1B "
+        "without interleaving and per-layer activation checkpointing as recalled",
         Constraints(zero_stages=(0, 1, 2, 3), one_micro_batch_size=True, virtual_stages=False,
                     max_cp=1, recompute=("none", "full"), fp8=False),
         one_structure=True, equal_pipelines_work=True, one_tp_dp=True, pipeline_max_zero=1,
@@ -112,7 +120,8 @@ class Legality:
         """Nothing is restricted (the default): no plan needs checking."""
         r = self.runtime
         return self.constraints == Constraints() and not (r.one_structure or r.equal_pipelines_work or r.one_tp_dp
-                                                          or r.megatron_split or r.pipeline_max_zero is not None)
+                                                          or r.megatron_split or r.pipeline_max_zero is not None
+                                                          or r.expert_tp_is_tp)
 
     def errors(self, plan: Plan, cluster: Cluster | None = None) -> list[tuple[str, str]]:
         """Every rule ``plan`` breaks, as ``(field, reason)`` pairs (empty: legal)."""
@@ -148,6 +157,12 @@ def legality_errors(plan: Plan, legality: Legality, cluster: Cluster | None = No
         if r.megatron_split and (why := megatron_split_error([s.num_layers for s in p.stages])):
             errs.append((f"pipelines[{pi}].stages", f"{why}"))
             break
+    if r.expert_tp_is_tp:
+        bad = next(((pi, si) for pi, p in enumerate(pipes) for si, s in enumerate(p.stages)
+                    if s.etp is not None and s.etp != s.tp), None)
+        if bad is not None:
+            errs.append((f"pipelines[{bad[0]}].stages[{bad[1]}].etp", f"expert tp differs from tp; {who} runs the "
+                                                                      "experts at the stage's tp"))
     if r.pipeline_max_zero is not None and plan.zero_stage > r.pipeline_max_zero \
             and any(len(p.stages) > 1 for p in pipes):
         errs.append(("zero_stage", f"{plan.zero_stage} with pipeline parallelism; {who}'s pipeline engine "

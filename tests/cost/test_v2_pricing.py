@@ -27,7 +27,7 @@ from arachne.cost.schedule import (
     simulate_interleaved,
 )
 from arachne.cost.sync import MEGATRON_BUCKET_PARAMS, exposed_sync
-from arachne.errors import InputError
+
 from arachne.plan import Plan, load_plan
 from arachne.spec.cluster import load_cluster
 from arachne.spec.model import load_model

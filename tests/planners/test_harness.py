@@ -56,7 +56,7 @@ def test_cli_json_is_the_contract(cluster_file: Path) -> None:
     doc = json.loads(res.stdout)
     assert [r["planner"] for r in doc["results"]] == ["megatron", "sailor", "amp"]
     for r in doc["results"]:
-        assert r["error"] is None and r["plan"]["format"] == "arachne-plan/1"
+        assert r["error"] is None and r["plan"]["format"] in ("arachne-plan/1", "arachne-plan/2")
         assert r["estimate"]["tokens_per_s"] > 0 and r["plans_priced"] > 0
 
 

@@ -1,7 +1,7 @@
 """Elastic training end to end on CPU: simulated nodes as torch elastic agents, one killed, one joining.
 
 Three simulated nodes (2, 1 and 1 devices) start a job; at a random step (seeded) the agent of a node the
-plan uses is killed with its process group (SIGKILL); a fourth node asks to join once the job has restored.
+plan uses is killed with its process group (SIGKILL); a fourth node is started at the same moment and asks to join.
 The run must reach its last step with the losses of single-process full-batch training (the same for any
 plan, so it is the reference of a run that switches plans at the same steps), train no step twice after a
 restore point, and leave no process behind.
@@ -70,19 +70,17 @@ def test_node_lost_by_kill_and_node_joining(rt, tmp_path):
     model = validate_plan(plan, cluster, source="plan")
     kill_at = random.Random(SEED).randint(2, 6)
     seen: list[dict] = []
-    state: dict = {"victim": None, "joined": False, "devices": None, "procs": set()}
+    state: dict = {"victim": None, "devices": None, "procs": set()}
 
     def on_record(d: dict, job: ElasticJob) -> None:
         seen.append(d)
         state["procs"] |= _descendants(os.getpid())
         if "event" in d:
             state["devices"] = d["devices"]
-            if state["victim"] is not None and not state["joined"]:
-                job.add("n3")  # the fourth node asks to join once the job has recovered
-                state["joined"] = True
         elif d["step"] >= kill_at and state["victim"] is None:
             state["victim"] = state["devices"][0].split(":")[0]  # a node the running plan uses
             job.kill(state["victim"])
+            job.add("n3")  # a fourth node starts (seconds to import torch) and asks to join
 
     cfg = ElasticConfig(steps=STEPS, checkpoint_dir=tmp_path / "ck", checkpoint_every=2, horizon_steps=10**9,
                         initial_nodes=["n0", "n1", "n2"], seed=SEED, timeout_s=30, min_step_s=0.3,
@@ -127,6 +125,42 @@ def test_node_lost_by_kill_and_node_joining(rt, tmp_path):
     assert state["procs"], "no agent was ever seen"
     assert not [p for p in state["procs"] if _alive(p)]
     assert not [p for p in _descendants(os.getpid()) if _alive(p)]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_its_round_from_the_checkpoint(rt, tmp_path):
+    """Only a worker process dies (SIGKILL), its agent stays: same membership, the plan is re-decided and the
+    run resumes from the last checkpoint."""
+    import signal
+
+    cluster = cluster_from_dict({"name": "elastic", "nodes": NODES[:2], "gpu_types": [SIM]})
+    plan = plan_from_dict(rt.make_plan(rt.DENSE, [{"micro_batches": 4, "stages": [
+        {"layers": [0, 4], "devices": ["n0:0"]}]}]), "plan")
+    model = validate_plan(plan, cluster, source="plan")
+    kill_at = random.Random(SEED + 1).randint(2, 5)
+    state: dict = {"devices": None, "killed": None, "procs": set()}
+
+    def on_record(d: dict, job: ElasticJob) -> None:
+        state["procs"] |= _descendants(os.getpid())
+        if "event" in d:
+            state["devices"] = d["devices"]
+        elif d["step"] >= kill_at and state["killed"] is None:
+            agent = job.agents[state["devices"][0].split(":")[0]].pid
+            state["killed"] = min(_descendants(agent))  # one of that node's workers
+            os.kill(state["killed"], signal.SIGKILL)
+
+    cfg = ElasticConfig(steps=16, checkpoint_dir=tmp_path / "ck", checkpoint_every=3, seed=SEED, timeout_s=30,
+                        min_step_s=0.2, job_timeout_s=180)
+    res = run_elastic(plan, model, cluster, cfg, on_record)
+    ref = reference_run(model, plan.global_batch_size, plan.sequence_length, 16, seed=SEED)
+    assert {r["step"] for r in res.records} == set(range(16))
+    for r in res.records:
+        assert abs(r["loss"] - ref.losses[r["step"]]) <= 1e-5 * abs(ref.losses[r["step"]]), r
+    restarts = [e for e in res.events if e["event"] != "start"]
+    assert len(restarts) == 1 and restarts[0]["reason"].startswith("workers restarted after a failure"), res.events
+    assert restarts[0]["lost"] == [] and restarts[0]["resumed_from_step"] <= kill_at + 1
+    print({k: restarts[0].get(k) for k in ("event", "reason", "detect_s", "plan_s", "restore_s")})
+    assert not [p for p in state["procs"] if _alive(p)]
 
 
 def _main(monkeypatch, capsys, *args) -> tuple[int, str]:

@@ -257,7 +257,7 @@ class ArachnePlanner:
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
         if o.ablation.modern_knobs:  # formats-v2 knobs on the best plans (completion/modern.py)
             polished += modern_pass(pricer.results() + polished, cost_model, job, self.legality, run.clock,
-                                    full_target, deadline)
+                                    full_target, deadline, self._score)
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]

@@ -70,7 +70,7 @@ class MegatronPlanner(BaselinePlanner):
     def __init__(self, oblivious: bool = False, uneven: bool = False,
                  micro_batch_sizes: Sequence[int] = DEFAULT_MBS, recompute: bool = True, zero: bool = True,
                  sequence_parallel: bool = True, overlap: bool = True, max_virtual_stages: int = 4,
-                 context_parallel: bool = True, cp_min_sequence: int = 16384, max_cp: int = 16,
+                 context_parallel: bool = True, cp_min_sequence: int = 8192, max_cp: int = 16,
                  expert_tp: bool = True, v1: bool = False, quirks: bool = False, ep_postpass: bool = False):
         super().__init__(quirks=quirks, ep_postpass=False)  # EP is native
         self.oblivious = oblivious

@@ -44,8 +44,8 @@ class MegatronKnobs:
     """``--num-layers-per-virtual-pipeline-stage``: v chunks per stage, 2 <= v <= this (1: off)."""
     context_parallel: bool = True
     """``--context-parallel-size``: cp > 1 for long sequences."""
-    cp_min_sequence: int = 16384
-    """cp > 1 only from this sequence length on (below it the K/V ring does not pay, per Megatron's advice)."""
+    cp_min_sequence: int = 8192
+    """cp > 1 only from this sequence length on (long-context training, where Megatron's recipes use it)."""
     max_cp: int = 16
     """Largest context-parallel degree tried (powers of two)."""
     expert_tp: bool = True

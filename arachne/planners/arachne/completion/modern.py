@@ -190,8 +190,8 @@ class Knobs:
         if plan.precision != "fp8" and all(devs[d].gpu.fp8_tflops is not None for d in plan.devices):
             cand = plan.model_copy(update={"precision": "fp8", "format": PLAN_FORMAT_V2})
             est = self.price(cand)
-            if est is not None and not self.offer(cand, est):
-                self.relax(cand, est)
+            if est is not None and not self.offer(cand, est) and (not est.fits or recomputes(cand)):
+                self.relax(cand, est)  # fp8 activations are smaller: less recomputation may fit
 
     def overlap(self) -> None:
         plan = self.best[0]
@@ -375,10 +375,13 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
 
 def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legality: Legality | None = None,
                     allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
-                    max_estimates: int = MAX_ESTIMATES) -> list[Priced]:
-    """:func:`modernize` on the ``top`` fastest version-1 plans of ``results``: the faster variants found
-    (the first plan gets half the deadline, the second half of the rest, the third the rest)."""
-    start = sorted((r for r in results if not uses_v2(r[0])), key=lambda r: r[1].iteration_time_s)[:top]
+                    max_estimates: int = MAX_ESTIMATES,
+                    key: Callable[[Estimate], float] | None = None) -> list[Priced]:
+    """:func:`modernize` on the ``top`` best version-1 plans of ``results`` (by ``key``, lower is better;
+    default: iteration time): the faster variants found (the first plan gets half the deadline, the second
+    half of the rest, the third the rest). A variant runs on its plan's GPUs, so faster is also cheaper."""
+    rank = key or (lambda e: e.iteration_time_s)
+    start = sorted((r for r in results if not uses_v2(r[0])), key=lambda r: rank(r[1]))[:top]
     out = []
     for i, (plan, est) in enumerate(start):
         if deadline is not None and deadline.expired():
@@ -401,8 +404,11 @@ def fp8_allowed(job) -> bool:
 
 
 def modern_pass(results: Iterable[Priced], cost_model: CostModel, job, legality: Legality | None,
-                clock: Callable[[], float], target_s: float, cap: Deadline | None = None) -> list[Priced]:
+                clock: Callable[[], float], target_s: float, cap: Deadline | None = None,
+                key: Callable[[Estimate], float] | None = None) -> list[Priced]:
     """The planner's hook: :func:`modern_variants` for :data:`MODERN_SHARE` of ``target_s`` on ``clock`` (the
-    planner's work clock), and never past ``cap`` (the caller's budget on the wall clock)."""
+    planner's work clock), and never past ``cap`` (the caller's budget on the wall clock); ``key``: the
+    planner's score."""
     deadline = Deadline(MODERN_SHARE * target_s, clock, cap)
-    return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline)
+    return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline,
+                           key=key)
