@@ -249,6 +249,13 @@ def refuse_v2(plan: Plan, model: ModelSpec, source: str, what: str) -> None:
     if uses_v2(plan):
         field, feature = v2_fields_used(plan)[0]
         raise InputError(source, field, f"not supported by {what} yet ({FEATURES[feature]})")
+    refuse_v2_model(model, source, what)
+
+
+def refuse_v2_model(model: ModelSpec, source: str, what: str) -> None:
+    """:func:`refuse_v2` for the model shape alone (MLA, a head width of its own, relu/geglu, alibi)."""
+    from arachne.errors import InputError
+
     shape = [("model.attention", model.attention != "mha"), ("model.head_dim", model.head_dim_field is not None),
              ("model.mlp", model.mlp in ("relu", "geglu")),
              ("model.position_embedding", model.position_embedding in ("alibi", "none"))]

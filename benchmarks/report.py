@@ -30,8 +30,8 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                                "bus bandwidth of the network model and of a flat ring vs nccl-tests outputs, sizes >= 1 MB",
                                "python -m benchmarks cost-model collectives"),
     "cost-model-published": ("Published end-to-end runs",
-                             "iteration time vs published runs; runs needing formats-v2 features priced as their "
-                             "nearest v1 plan and reported apart",
+                             "iteration time and memory vs published runs, each priced as its formats-v2 plan; runs "
+                             "using a feature the model does not price reported apart; half held out",
                              "python -m benchmarks cost-model published"),
     "cost-model-speed": ("Pricing speed", "CostModel.estimate, warm, one core (median ms per plan)",
                          "python -m benchmarks cost-model speed"),

@@ -260,7 +260,7 @@ def register(app: typer.Typer) -> None:
         """Write torchrun launch commands and a rank map, or Megatron-LM arguments, for a plan."""
         from arachne.fileio import write_text_safely
         from arachne.plan import load_plan, validate_plan
-        from arachne.plan_rules import refuse_v2
+        from arachne.plan_rules import refuse_v2, refuse_v2_model, same_math_plan
         from arachne.runtime.export import launch_script, launch_script_name, megatron_export, output_path
         from arachne.runtime.export import torchrun_export
         from arachne.spec.cluster import load_cluster
@@ -274,7 +274,13 @@ def register(app: typer.Typer) -> None:
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
-        refuse_v2(pl, model, str(plan), "export")  # formats v2 features the exports do not write yet
+        if fmt == "torchrun":  # launches arachne's own runtime: the same-math equivalents, as `arachne run`
+            pl, notes = same_math_plan(pl)
+            for note in notes:
+                err_console.print(f"note: {plan}: {note}", markup=False, highlight=False)
+            refuse_v2(pl, model, str(plan), "export")  # what arachne's runtime does not run yet
+        else:  # Megatron-LM's flags say the plan's v2 settings (megatron_export lists what they cannot)
+            refuse_v2_model(model, str(plan), "export")
         from arachne.runtime.export import runtime_refusal
 
         mx = megatron_export(pl, model) if fmt == "megatron" else None

@@ -144,6 +144,46 @@ def _split_args(counts: list[int]) -> tuple[list[str], str | None]:
     return args, None
 
 
+def _megatron_v2_reasons(plan: Plan, ref) -> list[str]:
+    """Why Megatron-LM's flags cannot say a plan's version-2 settings (empty: they can)."""
+    why = []
+    if plan.zero_stage >= 2:
+        why.append(f"zero_stage {plan.zero_stage} (Megatron-LM's distributed optimizer is ZeRO-1; its FSDP is not "
+                   "exported)")
+    for key in ("sequence_parallel", "cp", "etp", "recompute_layers"):
+        if len({getattr(s, key) for s in ref.stages}) > 1:
+            why.append(f"per-stage {key} (one value for the whole model in Megatron)")
+    if ref.virtual_stages > 1 and len({b - a for s in ref.stages for a, b in s.ranges}) > 1:
+        why.append("interleaved chunks of unequal sizes (--num-layers-per-virtual-pipeline-stage is one number)")
+    if ref.virtual_stages > 1 and any(s.recompute_layers is not None for s in ref.stages):
+        why.append("partial recomputation with interleaving (Megatron counts it per chunk)")
+    if plan.framework == "torch":
+        why.append("framework torch (a plan for plain PyTorch modules)")
+    return why
+
+
+def _megatron_v2_args(plan: Plan, ref, model: ModelSpec) -> list[str]:
+    """Megatron-LM flags for the plan's version-2 settings (checked by :func:`_megatron_v2_reasons`)."""
+    st0, a = ref.stages[0], []
+    if st0.sequence_parallel:
+        a += ["--sequence-parallel"]
+    if st0.cp > 1:
+        a += ["--context-parallel-size", str(st0.cp)]
+    if model.is_moe and st0.etp is not None:
+        a += ["--expert-tensor-parallel-size", str(st0.etp)]
+    if ref.virtual_stages > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(st0.ranges[0][1] - st0.ranges[0][0])]
+    if plan.overlap_grad_reduce:
+        a += ["--overlap-grad-reduce"]
+    if plan.overlap_param_gather:
+        a += ["--overlap-param-gather"]
+    if plan.grad_reduce_in_fp32 is False:
+        a += ["--grad-reduce-in-bf16"]
+    if plan.precision == "fp8":
+        a += ["--fp8-format", "hybrid"]
+    return a
+
+
 def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
     """Megatron-LM arguments when the plan is a homogeneous 3D(+EP) layout Megatron can express."""
     out = MegatronExport()
@@ -162,13 +202,14 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
     dps = {s.dp_size for s in ref.stages}
     if len(dps) > 1:
         why.append(f"per-stage dp {[s.dp_size for s in ref.stages]} (Megatron has one data-parallel size)")
-    moe_eps = {s.ep for s in ref.stages if any(model.moe_layers[i] for i in range(*s.layers))}
+    moe_eps = {s.ep for s in ref.stages if any(model.moe_layers[i] for a, b in s.ranges for i in range(a, b))}
     if len(moe_eps) > 1:
         why.append(f"per-stage ep {sorted(moe_eps)} (Megatron has one expert-parallel size)")
     if len({s.recompute for s in ref.stages}) > 1:
         why.append("recomputation on some stages only")
     if plan.schedule != "1f1b":
         why.append(f"schedule {plan.schedule!r} (Megatron runs 1F1B)")
+    why += _megatron_v2_reasons(plan, ref)
     tp = next(iter(tps))
     if (shape := model.tp_error(tp, whole_kv_groups=model.kv_heads < model.num_attention_heads)) is not None:
         why.append(f"{shape} (Megatron-LM's rule)")
@@ -187,11 +228,18 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
         a += ["--expert-model-parallel-size", str(ep)]
     a += ["--micro-batch-size", str(mbs // d), "--global-batch-size", str(plan.global_batch_size),
           "--seq-length", str(plan.sequence_length)]
-    if ref.stages[0].recompute:
+    st0 = ref.stages[0]
+    if st0.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif st0.recompute and st0.recompute_layers is not None:
+        a += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+              str(st0.recompute_layers)]
+    elif st0.recompute:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.zero_stage == 1:
         a += ["--use-distributed-optimizer"]
-    if plan.precision == "bf16":
+    a += _megatron_v2_args(plan, ref, model)
+    if plan.precision in ("bf16", "fp8"):
         a += ["--bf16"]
     elif plan.precision == "fp16":
         a += ["--fp16"]
