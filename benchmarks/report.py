@@ -76,6 +76,19 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                           "python -m benchmarks replan-trace --trace grow"),
     "runtime": ("Measured vs estimated on CPU processes", "plans run with torch.distributed (gloo), one core each",
                 "python -m benchmarks runtime"),
+    "replan-trace-spot-churn": ("Re-planning over a synthetic spot-churn trace", "tokens trained, relative to "
+                                "arachne", "python -m benchmarks replan-trace --trace spot-churn"),
+    "replan-trace-steady-growth": ("Re-planning over a synthetic steady-growth trace", "tokens trained, relative "
+                                   "to arachne", "python -m benchmarks replan-trace --trace steady-growth"),
+    "replan-trace-rack-failure": ("Re-planning over a synthetic rack-failure trace", "tokens trained, relative "
+                                  "to arachne", "python -m benchmarks replan-trace --trace rack-failure"),
+    "grid": ("The planners grid, every planner re-run on the current code", "25 cases, each planner in a forked "
+             "child, all plans priced by the current cost model", "python -m benchmarks grid run"),
+    "objectives": ("Objectives and runtime presets", "USD per token under --objective cost vs the baselines' plans; "
+                   "--runtime megatron vs the Megatron grid", "python -m benchmarks objectives"),
+    "cost-model-activations": ("Activation memory vs autograd's saved tensors", "bytes a real bf16 forward on CPU "
+                               "saves for backward, per block, against the memory model",
+                               "python -m benchmarks cost-model activations"),
 }
 SEVEN_TWENTY_EIGHT = "'seed[0-5]' 'seed3[1-6]' 'odd10[0-6]' 'odd11[0-5]'"
 # what the README's "Measured" section reported, and the exact command that regenerates each; an item counts as
@@ -133,6 +146,9 @@ CAVEATS = [
     "A commit written `abc1234+` means the checkout had uncommitted changes when the result was measured.",
     "The stored sweeps' wall times include the CLI's start-up and were measured on the machine of their date, "
     "often beside another benchmark on the second core.",
+    "The stored grid and sweeps were priced by the cost model of their date. The cost model changed on "
+    "2026-12-02 (afternoon: measured matmul efficiency, memory per framework, NCCL-checked collectives; "
+    "CHANGELOG.md), so their ratios are history; the re-measured grid below uses the current one.",
 ]
 
 

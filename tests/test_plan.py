@@ -504,6 +504,7 @@ def oracle_valid(doc: dict, cluster: Cluster) -> bool:
     return total == doc["global_batch_size"]
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(valid_setups())
 def test_random_valid_plans_pass_validation_and_round_trip(setup):

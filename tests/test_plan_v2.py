@@ -282,7 +282,7 @@ def test_cp_rules_match_an_independent_oracle(tp, cp, dp, n, seq, give_dp):
 
 @pytest.mark.parametrize("args,words", [
     (["export", "-f", "torchrun", "-p", str(V2 / "interleaved-sp-selective.json")],
-     "interleaved-sp-selective.json: overlap_grad_reduce: not supported by export yet"),
+     "interleaved-sp-selective.json: pipelines[0].virtual_stages: not supported by export yet"),
     (["validate-plan", "-p", str(V2 / "moe-ep-etp-fp8.json")], "valid (Mixtral-8x7B"),
 ])
 def test_cli_on_v2_plans(args, words):

@@ -51,6 +51,7 @@ def test_every_subcommand_parses_and_names_a_function_that_exists():
     assert seen == set(SUBCOMMANDS)
 
 
+@pytest.mark.slow
 def test_the_suite_runs_only_subcommands_that_parse_and_every_reported_command():
     from benchmarks.cli import build
     from benchmarks.report import NEEDED
@@ -66,6 +67,7 @@ def test_the_suite_runs_only_subcommands_that_parse_and_every_reported_command()
     assert not (ROOT / "benchmarks" / "suite.sh").exists()
 
 
+@pytest.mark.slow
 def test_store_is_append_only_and_report_writes_results_and_headlines(tmp_path):
     stored = tmp_path / "stored"
     res = bench("store", "add", str(TINY), "--name", "tiny", stored=stored)
@@ -95,6 +97,7 @@ def test_store_is_append_only_and_report_writes_results_and_headlines(tmp_path):
     assert res.returncode == 2 and "sha256" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_the_repository_stores_every_sweep_once_and_intact():
     res = bench("store", "verify")
     assert res.returncode == 0, res.stderr
@@ -119,6 +122,7 @@ def test_work_clock_install_writes_data_the_clock_reads(tmp_path):
     assert shipped["rates"] == RATES and {"fitted_by", "command", "date"} <= set(shipped)
 
 
+@pytest.mark.slow
 def test_same_plans_compare_semantics(tmp_path):
     rows = [{"case": f"c{i}", "plan": f"{i:016x}", "tokens_per_s": 100.0 + i, "mfu": 0.5, "work_s": 0.3,
              "wall_s": 0.4} for i in range(3)]
@@ -134,6 +138,7 @@ def test_same_plans_compare_semantics(tmp_path):
     assert res.returncode == 2 and "nope.jsonl" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps({"args": {"seed": 1, "n": 30, "planners": ["megatron"]},
                                                     "runs": [], "cases": []}))

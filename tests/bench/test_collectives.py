@@ -111,6 +111,7 @@ def test_validator_accepts_exactly_strictly_increasing_sizes(tmp_path_factory, s
 
 
 # ---- the subcommand ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_subcommand_runs_on_the_data(tmp_path):
     res = subprocess.run([sys.executable, "-m", "benchmarks", "cost-model", "collectives", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
@@ -124,6 +125,7 @@ def test_subcommand_runs_on_the_data(tmp_path):
 
 
 # ---- the split, the fit and the result ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_shipped_split_follows_the_rule_and_a_flipped_flag_is_refused(tmp_path, capsys):
     recs = C.load()
     assert C.split_ok(recs)
@@ -155,6 +157,7 @@ def test_pinned_ring_is_priced_as_the_ring():
     assert C.price(free)[0]["arachne_busbw"] > 1.5 * C.price(rec)[0]["arachne_busbw"]   # the 2-node tree
 
 
+@pytest.mark.slow
 def test_result_reports_both_halves_and_tables_fit_80_columns(tmp_path):
     env = {**os.environ, "COLUMNS": "200"}  # wide terminal: the tables must be narrow by themselves
     res = subprocess.run([sys.executable, "-m", "benchmarks", "cost-model", "collectives", "--out", str(tmp_path)],

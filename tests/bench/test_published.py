@@ -38,6 +38,7 @@ def _write(tmp_path: Path, doc: dict) -> Path:
 
 
 # ---- the data ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_every_record_converts_to_a_valid_plan_on_its_cluster(runs):
     from arachne.cost import CostModel
     from arachne.plan import plan_from_dict
@@ -107,6 +108,7 @@ def test_the_plan_carries_the_runs_configuration(runs):
     assert len(ordered) == S * v
 
 
+@pytest.mark.slow
 def test_unstated_settings_come_from_the_source_defaults(runs, tmp_path):
     doc = _doc()
     ref = doc["records"][0]["source"]["ref"]
@@ -166,6 +168,7 @@ def test_layer_split_is_contiguous_and_even():
     (lambda d: d["records"][4]["gpus"].update(type="Z9000"), "records[4].gpus.type"),
     (lambda d: d["records"][5]["gpus"].update(count=12), "records[5].gpus.count"),
 ])
+@pytest.mark.slow
 def test_bad_records_name_the_field(tmp_path, edit, field):
     doc = _doc()
     edit(doc)
@@ -200,6 +203,7 @@ def test_any_megatron_layout_converts_to_a_valid_plan(runs, tp, pp, cp, dp, mbs,
 
 
 # ---- the subcommand ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_subcommand_writes_rows_and_groups(tmp_path, runs):
     pub.run(Namespace(data=None, out=tmp_path))
     doc = json.loads((tmp_path / "published.json").read_text())
@@ -213,6 +217,7 @@ def test_subcommand_writes_rows_and_groups(tmp_path, runs):
     assert grouped == len(runs.records)
 
 
+@pytest.mark.slow
 def test_cli_bad_file_is_one_line_exit_2(tmp_path):
     doc = _doc()
     doc["records"][0]["gpus"]["count"] = 0

@@ -376,6 +376,7 @@ def files_under(root: Path) -> set[Path]:
 
 @settings(max_examples=150, deadline=None, derandomize=False,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@pytest.mark.slow
 @given(data=st.data(), target=st.sampled_from(TARGETS))
 def test_every_reader_refuses_hostile_documents_in_one_line(tmp_path_factory, data, target):
     cmd, slot = target

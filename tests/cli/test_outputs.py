@@ -207,6 +207,7 @@ def test_install_target_is_checked_before_training(monkeypatch, tmp_path):
     assert "--install" in line and "/proc/weights" in line
 
 
+@pytest.mark.slow
 def test_plan_output_replaces_an_existing_file_atomically_keeping_its_mode(ws, tmp_path):
     out = tmp_path / "old.json"
     out.write_text("old\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from arachne.cli.app import app
@@ -52,6 +53,7 @@ def test_bad_flags_exit_2_with_one_line(write_doc):
     assert str(clash) in line and "zero_stages" in line
 
 
+@pytest.mark.slow
 def test_unmet_limits_exit_3_naming_the_limit():
     line = one_error_line(invoke("plan", "--cluster", CLUSTER, *JOB, "--min-tokens-per-s", "1e12"), 3)
     assert "--min-tokens-per-s" in line

@@ -39,6 +39,7 @@ def tiny(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_replay_prints_a_table_writes_the_result_and_the_figure(tiny: Path, tmp_path: Path):
     out, fig = tmp_path / "r.json", tmp_path / "r.png"
     short = tmp_path / "short.yaml"  # one event: two planning calls per planner

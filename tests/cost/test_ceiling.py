@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -68,6 +69,7 @@ def random_plan(draw, case: str) -> tuple[Plan, CostModel]:
     return plan, CostModel(cl)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(sorted(CASES)).flatmap(random_plan))
 def test_no_plan_beats_the_ceiling(drawn):

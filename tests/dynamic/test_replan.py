@@ -35,6 +35,7 @@ def planned(planner: str = "megatron", cluster: dict = FULL) -> Plan:
     return plan
 
 
+@pytest.mark.slow
 def test_lost_node_gets_a_valid_plan_without_its_gpus_and_a_migration_price():
     old = planned("arachne")
     lost = cluster_from_dict(LOST)

@@ -68,6 +68,7 @@ def test_limits_are_hard_and_say_which():
                     objective=Objective(max_cost_per_hour=0.01))
 
 
+@pytest.mark.slow
 def test_a_cost_optimal_plan_may_leave_gpus_idle_and_is_never_dearer_than_the_fastest():
     p, e, _ = run_planner("arachne", SMALL, MODEL, JOB, CostModel(SMALL), SearchBudget(time_budget_s=10.0),
                           objective=Objective("cost"))

@@ -158,6 +158,7 @@ def test_interleaved_plan_timelines_match_the_estimate():
     assert max(t.makespan for t in tls) == pytest.approx(schedule_time(est), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_interleaved_plot_writes_a_png(tmp_path):
     cl, pl, est = _load_interleaved()
     out = tmp_path / "interleaved.png"
@@ -167,6 +168,7 @@ def test_interleaved_plot_writes_a_png(tmp_path):
     assert 20_000 < out.stat().st_size < 5_000_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster,plan", EXAMPLES)
 def test_plot_writes_a_png(tmp_path, cluster, plan):
     cl, pl, est = _load(cluster, plan)
@@ -177,6 +179,7 @@ def test_plot_writes_a_png(tmp_path, cluster, plan):
     assert 20_000 < out.stat().st_size < 5_000_000
 
 
+@pytest.mark.slow
 def test_plot_svg_and_pdf(tmp_path):
     cl, pl, est = _load("small-mixed", "small-mixed__opt-350m-2stage-dp")
     for name, magic in (("p.svg", b"<?xml"), ("p.pdf", b"%PDF")):
@@ -198,6 +201,7 @@ def _per_node_plan(cl, micro_batches=lambda k: 2):
                            "sequence_length": 512, "micro_batch_size": 1, "precision": "fp16", "pipelines": pipes})
 
 
+@pytest.mark.slow
 def test_large_clusters_stay_readable(tmp_path):
     cl = _big_cluster()
     # identical nodes: one row per node group
@@ -246,6 +250,7 @@ def ws(tmp_path: Path) -> dict[str, Path]:
     return files
 
 
+@pytest.mark.slow
 def test_estimate_plot_writes_the_figure(ws, tmp_path):
     out = tmp_path / "fig.png"
     res = _invoke("estimate", "-c", ws["cluster"], "-p", ws["plan"], "--plot", out)
@@ -257,6 +262,7 @@ def test_estimate_plot_writes_the_figure(ws, tmp_path):
     assert res.exit_code == 0 and out.exists() and res.stdout.lstrip().startswith("{")
 
 
+@pytest.mark.slow
 def test_plan_plot_writes_the_figure(ws, tmp_path):
     out, doc = tmp_path / "fig.png", tmp_path / "out.json"
     res = _invoke("plan", "-c", ws["cluster"], "-m", "opt-350m", "-b", "32", "-s", "1024", "--time-budget", "5",

@@ -103,6 +103,7 @@ def test_export_megatron_and_torchrun_files(cli, files, rt, tmp_path):
     assert "torchrun" in (tmp_path / "tr" / "launch_n0.sh").read_text()
 
 
+@pytest.mark.slow
 def test_profile_writes_a_loadable_profile(cli, tmp_path):
     pytest.importorskip("torch")
     from arachne.profiles.format import load_profile
@@ -122,6 +123,7 @@ def test_profile_writes_a_loadable_profile(cli, tmp_path):
     assert by[(1, 2)].memory.block_activation_bytes[0] > by[(1, 1)].memory.block_activation_bytes[0]
 
 
+@pytest.mark.slow
 def test_run_measure_reports_measured_and_estimated(cli, files, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("arachne.cost")
@@ -133,6 +135,7 @@ def test_run_measure_reports_measured_and_estimated(cli, files, tmp_path):
     assert last["steps_measured"] == 1 and last["relative_error"] is not None
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_from_cli(cli, files, tmp_path):
     pytest.importorskip("torch")
     cluster, plan = files

@@ -176,6 +176,7 @@ def test_runtime_rules_beyond_the_constraints_file():
     assert "pipelines[0].stages[0].cp" in errs  # no context parallelism in DeepSpeed's engine
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(runtime=st.sampled_from(sorted(RUNTIMES)), max_tp=st.sampled_from([None, 1, 2]),
        max_pp=st.sampled_from([None, 1, 2, 4]),

@@ -423,6 +423,7 @@ def cluster_docs(draw):
     return doc
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cluster_docs())
 def test_random_valid_clusters_round_trip(doc):
@@ -495,6 +496,7 @@ def invalid_cluster_docs(draw):
     return doc
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(invalid_cluster_docs())
 def test_random_invalid_clusters_always_raise_input_error(doc):

@@ -192,6 +192,7 @@ def test_micro_batches_follow_pipeline_speed():
     assert share_micro_batches([1.0], [3.0], 7) == [7]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(hst.lists(hst.tuples(hst.sampled_from([0.5, 1.0, 1.3, 2.0, 3.7]), hst.sampled_from([0.0, 1.0, 2.5, 9.0])),
                  min_size=1, max_size=40), hst.integers(1, 600))
@@ -217,6 +218,7 @@ def test_micro_batch_shares_sum_to_the_batch_and_finish_as_early_as_possible(pip
 
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(hst.lists(hst.tuples(hst.sampled_from([0.5, 1.0, 1.3, 2.0, 3.7]), hst.sampled_from([0.0, 1.0, 2.5, 9.0]),
                             hst.sampled_from([1, 2, 4, 8])), min_size=1, max_size=5), hst.integers(1, 40))
@@ -573,6 +575,7 @@ def test_replica_variants_keep_one_nodes_worth():
     assert replica_variants(Action("mix", 1, 1, 1, 2, 4), c) == []
 
 
+@pytest.mark.slow
 def test_on_a_crawling_inter_node_network_the_job_stays_in_one_node():
     """Data parallelism over 10 Gb/s links loses to one node's worth of GPUs: arachne must see that."""
     cl = cluster_from_dict({"name": "slow", "nodes": [
@@ -779,6 +782,7 @@ def test_replica_moves_reach_the_count_a_pooled_class_fills():
     assert moves[8].actions[0] == Action("mix", 1, 1, 1, 1, 8)  # 8 replicas need no pool
 
 
+@pytest.mark.slow
 def test_mixed_rules_pool_a_split_gpu_type_and_try_the_count_it_fills():
     from arachne.planners.arachne.actions import type_fills
     from arachne.planners.arachne.search.pricer import Pricer
@@ -1046,6 +1050,7 @@ def test_odd_nodes_are_planned_as_power_of_two_parts_covering_every_gpu_once():
     assert sorted(devs) == sorted(cl.devices)
 
 
+@pytest.mark.slow
 def test_on_odd_nodes_a_pipeline_uses_tp2_and_crosses_between_nodes_once():
     """Mixtral-8x7B needs all 14 H100s of two 7-GPU nodes. Before node parts, tp had to divide 7 (tp 1
     only, 14 one-GPU stages with recomputation, 0.70x Metis); a pipeline over the parts placed class by
@@ -1130,6 +1135,7 @@ def test_moe_rule_spreads_experts_over_eight_single_gpu_nodes():
     assert prices[spread] > 1.1 * max(v for a, v in prices.items() if a.dp == 1)
 
 
+@pytest.mark.slow
 def test_odd_nodes_get_a_quick_pass_by_parts_then_whole_nodes_and_the_faster_plan_wins():
     """With odd-sized nodes (up to 512 GPUs) arachne first takes a quick pass over the nodes' power-of-two
     parts, then searches whole nodes as classes, and returns the faster plan: here tp 2 on the 7-GPU nodes
@@ -1153,6 +1159,7 @@ def test_odd_nodes_get_a_quick_pass_by_parts_then_whole_nodes_and_the_faster_pla
                                  SearchBudget(time_budget_s=30))
     assert "node_views" not in even.stats.notes
 
+@pytest.mark.slow
 def test_refinement_moves_the_classes_in_use_before_the_unused_ones():
     """An unused slow class first in speed order (H100 pairs on 1.25 GB/s) has many options; refinement tries
     the used classes' moves first, so the A100 stages' regrouping (tp 2 -> tp 1 x dp 2) comes before them
@@ -1262,6 +1269,7 @@ def test_a_head_bound_pipeline_gets_a_wider_last_stage():
     assert last.tp == 2 and last.layers[1] - last.layers[0] == 1
 
 
+@pytest.mark.slow
 def test_the_planner_widens_the_head_stage():
     ctx = ctx_for("DeepSeek-MoE-16B", gbs=128, seq=512, cluster=h100_h800_t4_cluster())
     _, est, _ = run_planner("arachne", ctx.cluster, ctx.model, ctx.job, ctx.cost_model)
@@ -1336,6 +1344,7 @@ def test_a_batch_smaller_than_a_class_gets_one_stage_across_nodes_as_megatron_ru
     assert est.fits and len(stage.devices) == 32 and stage.tp == 2 and stage.dp_size == 16
 
 
+@pytest.mark.slow
 def test_a_gpu_type_split_across_node_sizes_is_pooled_into_identical_pipelines():
     """15 B200 in a node of 8 and a node of 7 (planned as parts 4, 2, 1): per class they make at most
     3 pipelines of 3 stages; pooled they make 5 pipelines of 3 over all 15, which beats data parallelism

@@ -84,6 +84,7 @@ setups = hst.tuples(
     hst.sampled_from(MODELS), hst.sampled_from([16, 32, 64]), hst.sampled_from([1024, 2048]))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setups)
 def test_variants_validate_fit_and_are_never_slower(setup):
@@ -101,6 +102,7 @@ def test_variants_validate_fit_and_are_never_slower(setup):
             assert new_est is est
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setups, hst.sampled_from(["megatron", "deepspeed", "torchtitan"]))
 def test_variants_keep_the_runtime_rules(setup, runtime):
@@ -182,6 +184,7 @@ def test_context_parallelism_merges_pipelines_or_replaces_stage_dp():
     assert with_cp(plan.model_copy(update={"sequence_length": 65534}), 2) is None  # not a multiple of 2 * cp
 
 
+@pytest.mark.slow
 def test_long_sequences_get_context_parallelism_or_a_faster_plan():
     """Llama-3.1-8B, 64k tokens, 16 H100: the knobs' plan beats the best version-1 plan (it uses cp 2 at this
     commit: two pipelines of tp 2 x dp 2 merged, and partial recomputation)."""

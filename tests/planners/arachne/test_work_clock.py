@@ -102,6 +102,7 @@ def test_the_wall_clock_is_still_available():
     assert plan and notes["clock"] == "wall"
 
 
+@pytest.mark.slow
 def test_a_warm_cost_model_does_not_change_the_work_or_the_plan():
     """The tally counts work requested, not cache misses: a second plan on the same (now warm) cost model
     does the same work and finds the same plan."""

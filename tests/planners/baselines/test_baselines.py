@@ -76,6 +76,7 @@ def assert_valid_fitting(res: PlannerResult, cl: str, model: str) -> None:
 
 
 # ---- every baseline: valid, fitting, ranked plans ----------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("planner", BASELINES)
 @pytest.mark.parametrize("model", ["OPT-350M", "GPT-3-1.3B"])
 def test_valid_fitting_plans_on_mixed_cluster(planner: str, model: str) -> None:
@@ -133,6 +134,7 @@ def test_amp_dp_partition_not_worse_than_uniform() -> None:
     assert dp.samples_per_s >= uni.samples_per_s * 0.999
 
 
+@pytest.mark.slow
 def test_metis_beats_best_single_type_megatron_on_mixed_cluster() -> None:
     _, metis = best("metis", "mixed8", "GPT-3-1.3B", 128)
     _, mega = best("megatron", "mixed8", "GPT-3-1.3B", 128)
@@ -169,6 +171,7 @@ def test_megatron_expresses_expert_parallelism() -> None:
     assert any(s.ep > 1 for p in res.plans for pipe in p.pipelines for s in pipe.stages)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planner", ["amp", "metis"])
 def test_ep_postpass_variant(planner: str) -> None:
     plain = planned(planner, "homog8", "Qwen1.5-MoE-A2.7B", 64)

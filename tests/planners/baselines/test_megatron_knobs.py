@@ -151,6 +151,7 @@ def test_recomputation_is_the_least_that_fits(problem: str) -> None:
 
 
 # ---- never slower than the version-1 grid -------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", ["dense", "tight", "deep", "mixed", "moe", "long"])
 def test_never_slower_than_the_version_one_grid(problem: str) -> None:
     """The version-1 grid's every fitting point is in the new grid with SP, ZeRO-1 and overlap (never slower,

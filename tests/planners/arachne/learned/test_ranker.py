@@ -68,6 +68,7 @@ def test_the_hand_made_proxy_feature_tracks_the_cost_model():
     assert rho > 0.3
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st_.lists(st_.floats(-3, 3), min_size=TEMPLATE_DIM, max_size=TEMPLATE_DIM))
 def test_ranking_is_a_permutation_sorted_by_score(w):
@@ -81,6 +82,7 @@ def test_ranking_is_a_permutation_sorted_by_score(w):
     assert np.all(np.diff(scores) <= 1e-9)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st_.lists(st_.floats(-3, 3), min_size=2 * TEMPLATE_DIM, max_size=2 * TEMPLATE_DIM),
        st_.floats(0.1, 10))
@@ -111,6 +113,7 @@ def test_rankers_train_on_the_pool_the_planner_ranks():
     assert any(from_rule) and not all(from_rule)
 
 
+@pytest.mark.slow
 def test_the_planner_screens_in_the_rankers_order():
     """A ranker that prefers the rules' last template makes the planner screen that one first."""
     ctx = ctx_for()
