@@ -164,7 +164,7 @@ def md_cell(v: Any) -> str:
     if isinstance(v, (list, dict)):
         v = json.dumps(v)
     text = str(v).replace("|", "/").replace("\n", " ")
-    return text if len(text) < 300 else text[:296] + " ..."
+    return text if len(text) < 290 else text[:286] + " ..."  # a table cell, with its padding, under 300
 
 
 def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> list[str]:
