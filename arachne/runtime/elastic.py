@@ -352,11 +352,7 @@ def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: lis
             _await_restart(store, rnd)
             return
         t0 = time.perf_counter()
-        for p in w.by_spec.values():
-            p.grad.zero_()  # type: ignore[union-attr]
-        loss_sum = w.train_step(samples)
-        w.sync_grads()
-        w.opt.step()
+        loss_sum = w.step(samples)
         if (pace := cfg["min_step_s"] - (time.perf_counter() - t0)) > 0:  # simulated slower devices
             time.sleep(pace)
         total = torch.tensor([loss_sum, time.perf_counter() - t0], dtype=torch.float64)

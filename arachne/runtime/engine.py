@@ -209,6 +209,16 @@ class Worker:
                     for s in it.specs:
                         self.by_spec[s].grad.copy_(shard(b, s))  # type: ignore[union-attr]
 
+    def step(self, sample_base: int) -> float:
+        """One optimizer step: gradients zeroed, forward and backward over the micro-batches, gradient sync,
+        the update. Returns this rank's summed loss."""
+        for p in self.by_spec.values():
+            p.grad.zero_()  # type: ignore[union-attr]
+        loss_sum = self.train_step(sample_base)
+        self.sync_grads()
+        self.opt.step()
+        return loss_sum
+
     def save_checkpoint(self, step: int, samples: int, losses: list[float]) -> None:
         root = Path(self.cfg.checkpoint_dir)  # type: ignore[arg-type]
         mine = self.layout.checkpoint_writers.get(self.rank, [])
@@ -251,11 +261,7 @@ class Worker:
                     else:
                         os._exit(17)
             t0 = time.perf_counter()
-            for p in self.by_spec.values():
-                p.grad.zero_()  # type: ignore[union-attr]
-            loss_sum = self.train_step(samples)
-            self.sync_grads()
-            self.opt.step()
+            loss_sum = self.step(samples)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0

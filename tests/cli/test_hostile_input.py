@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_checks import invoke, one_error_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from arachne.cli.app import app
 from arachne.errors import MAX_DEPTH
 from arachne.spec.gpus import gpu_catalog
 from arachne.spec.names import name_error
@@ -47,17 +46,6 @@ BASE = {"cluster": CLUSTER, "model": MODEL, "plan": PLAN, "profile": PROFILE, "s
         "memory": LAYER_MEMORY}
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_error_line(res, code: int = 2) -> str:
-    assert res.exit_code == code, (res.exit_code, res.output, res.exception)
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    return lines[0]
 
 
 def write(path: Path, doc: Any) -> Path:

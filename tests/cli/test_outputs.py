@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from cli_checks import invoke, one_error_line
 
-from arachne.cli.app import app
 from arachne.errors import InputError
 from arachne.fileio import check_output, replacing, write_text_safely
 
@@ -27,16 +26,6 @@ TINY_MODEL = {"name": "tiny-dense", "num_layers": 2, "hidden_size": 32, "ffn_hid
 QUICK_TRAIN = ["--clusters", "2", "--val-clusters", "1", "--epochs", "1"]
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_error_line(res, code: int = 2) -> str:
-    assert res.exit_code == code, (res.exit_code, res.output, res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    return lines[0]
 
 
 @pytest.fixture

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_checks import invoke, one_error_line
 
-from arachne.cli.app import app
 from arachne.plan import load_plan
 from arachne.runtime.export import runtime_refusal
 from arachne.spec.cluster import load_cluster
@@ -19,16 +18,6 @@ RTX = ROOT / "examples" / "clusters" / "rtx-lab.yaml"
 JOB = ["--model", "OPT-350M", "-b", "32", "-s", "1024", "--time-budget", "5"]
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_error_line(res, code: int) -> str:
-    assert res.exit_code == code, (res.exit_code, res.output, res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    return lines[0]
 
 
 def test_cost_objective_prints_usd_and_writes_the_cost_keys(tmp_path):

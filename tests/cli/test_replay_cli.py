@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
-
-from arachne.cli.app import app
+from cli_checks import invoke, one_error_line
 
 NODE = {"gpu": "A100-40", "gpus_per_node": 4, "inter_node_gbps": 12.5}
 TINY = {"format": "arachne-trace/1", "name": "tiny", "end_s": 600,
@@ -20,16 +18,6 @@ TINY = {"format": "arachne-trace/1", "name": "tiny", "end_s": 600,
                    {"t_s": 400, "join": [{"name": "a1", **NODE}]}]}
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_error_line(res, code: int = 2) -> str:
-    assert res.exit_code == code, (res.exit_code, res.output, res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    return lines[0]
 
 
 @pytest.fixture
