@@ -20,6 +20,8 @@ PLAN_FORMAT = "arachne-plan/1"
 PLAN_FORMAT_V2 = "arachne-plan/2"
 PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_V2)
 PlanPrecision = Literal["bf16", "fp16", "fp32", "fp8"]
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts"]
+"""Megatron-Core's ``--recompute-modules`` names (formats section 4.3, ``recompute_modules``)."""
 _RANGE = TypeAdapter(tuple[int, int])
 _RANGES = TypeAdapter(tuple[tuple[int, int], ...])
 
@@ -68,7 +70,12 @@ class Stage(_V1Dump):
     """v2, with ``recompute: "full"``: only the stage's first k blocks are recomputed."""
     etp: int | None = Field(default=None, ge=1)
     """v2: tensor-parallel degree of the routed experts (default ``tp``)."""
-    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"cp": 1, "sequence_parallel": False, "recompute_layers": None, "etp": None}
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+    """v2 (optional, an arachne addition; Megatron-Core's ``--recompute-modules``), with ``recompute: "selective"``:
+    the block parts whose activations are dropped in forward and recomputed in backward. Unset: ``["core_attn"]``
+    (the attention core, what ``"selective"`` always meant); an empty list recomputes nothing."""
+    V2_DEFAULTS: ClassVar[dict[str, Any]] = {"cp": 1, "sequence_parallel": False, "recompute_layers": None, "etp": None,
+                                             "recompute_modules": None}
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -84,6 +91,14 @@ class Stage(_V1Dump):
     @classmethod
     def _recompute(cls, v: Any) -> Any:
         return {"none": False, "full": True}.get(v, v) if isinstance(v, str) else v
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _modules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and len(set(v)) != len(v):
+            dup = next(m for m in v if v.count(m) > 1)
+            raise ValueError(f"{dup!r} is listed twice")
+        return v
 
     @property
     def ranges(self) -> tuple[tuple[int, int], ...]:
@@ -134,6 +149,8 @@ class Stage(_V1Dump):
             doc["recompute"] = True if self.recompute_layers is None else "full"
         if self.recompute_layers is not None:
             doc["recompute_layers"] = self.recompute_layers
+        if self.recompute_modules is not None:
+            doc["recompute_modules"] = list(self.recompute_modules)
         if self.allow_cross_node_tp:
             doc["allow_cross_node_tp"] = True
         return doc
@@ -196,8 +213,24 @@ class Plan(_V1Dump):
     """v2 (optional, an arachne addition; Megatron-Core's flag of that name): gradients accumulated and reduced
     in fp32 (4 bytes per parameter) or, ``false``, in the 16-bit type (2). Unset: fp32, the default of
     Megatron-LM with bf16 and of torchtitan's FSDP (``reduce_dtype``)."""
+    fp8_params: bool = False
+    """v2 (optional, an arachne addition; Megatron-LM's ``--fp8-param-gather``), with ``precision: fp8`` under the
+    ``megatron`` convention: the GEMM weights are kept only in fp8 (Transformer Engine's fp8 model parameters), the
+    16-bit copy is dropped; the fp32 master weights stay in the optimizer."""
+    master_weights: Literal["fp32", "none"] | None = None
+    """v2 (optional, an arachne addition): ``none``: the optimizer steps the 16-bit parameters themselves (no fp32
+    master copy; the parameters' gradients are 16-bit too), as a model built in bf16 under plain PyTorch / FSDP2.
+    Unset: ``fp32``."""
+    optimizer_state_dtype: Literal["fp32", "bf16"] | None = None
+    """v2 (optional, an arachne addition): the type of Adam's two moment estimates (``bf16``: what ``torch.optim``
+    keeps for bf16 parameters; Megatron-LM's ``--exp-avg-dtype``/``--exp-avg-sq-dtype``). Unset: ``fp32``."""
+    loss: Literal["standard", "fused"] | None = None
+    """v2 (optional, an arachne addition): ``fused``: a fused or compiled cross-entropy that never materialises
+    an fp32 copy of the logits (the logits and their gradient in the activation type only). Unset: ``standard``
+    (the framework convention's loss)."""
     V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False,
-                                             "framework": None, "grad_reduce_in_fp32": None}
+                                             "framework": None, "grad_reduce_in_fp32": None, "fp8_params": False,
+                                             "master_weights": None, "optimizer_state_dtype": None, "loss": None}
 
     @field_validator("format")
     @classmethod
@@ -243,10 +276,10 @@ class Plan(_V1Dump):
             "zero_stage": self.zero_stage, "schedule": self.schedule,
             "pipelines": [p.to_doc() for p in self.pipelines],
         }
-        for key in ("overlap_grad_reduce", "overlap_param_gather"):
+        for key in ("overlap_grad_reduce", "overlap_param_gather", "fp8_params"):
             if getattr(self, key):
                 doc[key] = True
-        for key in ("framework", "grad_reduce_in_fp32"):
+        for key in ("framework", "grad_reduce_in_fp32", "master_weights", "optimizer_state_dtype", "loss"):
             if getattr(self, key) is not None:
                 doc[key] = getattr(self, key)
         if self.optimizer != "adam":

@@ -14,16 +14,21 @@ if TYPE_CHECKING:
     from arachne.spec.cluster import Cluster
     from arachne.spec.model import ModelSpec
 
-V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "framework", "grad_reduce_in_fp32")
+V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "framework", "grad_reduce_in_fp32", "fp8_params",
+                "master_weights", "optimizer_state_dtype", "loss")
 V2_PIPELINE_KEYS = ("virtual_stages",)
-V2_STAGE_KEYS = ("cp", "sequence_parallel", "recompute_layers", "etp")
+V2_STAGE_KEYS = ("cp", "sequence_parallel", "recompute_layers", "etp", "recompute_modules")
+MEMORY_SETTINGS = ("recompute_modules", "fp8_params", "master_weights", "optimizer_state_dtype", "loss")
+"""The optional v2 settings of how a framework keeps memory (not all runtimes execute them: spec/runtimes.py)."""
 FEATURES = {  # v2_fields_used's feature names, as messages say them
     "fp8": "FP8 precision", "zero_stage": "ZeRO stage 2/3", "overlap_grad_reduce": "overlapped gradient reduction",
     "overlap_param_gather": "overlapped parameter gather", "virtual_stages": "interleaved pipeline",
     "cp": "context parallelism", "sequence_parallel": "sequence parallelism",
     "selective_recompute": "selective recomputation", "recompute_layers": "partial recomputation",
     "etp": "expert tensor parallelism other than tp", "framework": "the framework's memory convention",
-    "grad_reduce_in_fp32": "the gradient reduction type",
+    "grad_reduce_in_fp32": "the gradient reduction type", "recompute_modules": "recomputation of chosen modules",
+    "fp8_params": "fp8 parameters", "master_weights": "no fp32 master weights",
+    "optimizer_state_dtype": "16-bit optimizer state", "loss": "a fused cross-entropy",
 }
 NEEDS_V2 = 'needs "format": "arachne-plan/2" (this plan says arachne-plan/1)'
 
@@ -93,6 +98,8 @@ def v2_fields_used(plan: Plan) -> list[tuple[str, str]]:
                 out.append((f"{sfx}.recompute_layers", "recompute_layers"))
             if st.etp is not None:
                 out.append((f"{sfx}.etp", "etp"))
+            if st.recompute_modules is not None:
+                out.append((f"{sfx}.recompute_modules", "recompute_modules"))
     return out
 
 
@@ -121,13 +128,50 @@ def _indices(field: str) -> tuple[int, int]:
     return pi, si
 
 
+def memory_convention(plan: Plan) -> str:
+    """The plan's memory convention: ``framework``, else ``torch`` with ``zero_stage`` 3 and ``megatron`` below."""
+    return plan.framework or ("torch" if plan.zero_stage >= 3 else "megatron")
+
+
 def plan_v2_errors(plan: Plan) -> list[tuple[str, str]]:
     """Top-level version-2 rules."""
     errs = []
     if plan.overlap_param_gather and plan.zero_stage < 1:
         errs.append(("overlap_param_gather", "needs zero_stage >= 1 (there is no sharded parameter gather to "
                                              "overlap)"))
+    if plan.fp8_params:
+        if plan.precision != "fp8":
+            errs.append(("fp8_params", f"needs precision fp8 (the plan's is {plan.precision})"))
+        elif memory_convention(plan) != "megatron":
+            errs.append(("fp8_params", ("needs the megatron convention (Transformer Engine's fp8 parameters; "
+                                        "framework torch keeps its parameters in 16 or 32 bits)")))
+    for key, value in (("master_weights", "none"), ("optimizer_state_dtype", "bf16")):
+        if getattr(plan, key) == value and plan.precision == "fp32":
+            errs.append((key, f"{value} needs 16-bit training (the plan's precision is fp32)"))
     return errs
+
+
+MODULE_NEEDS = {"mla_up_proj": ("multi-head latent attention", lambda m: m.attention == "mla"),
+                "moe": ("routed experts", lambda m: m.is_moe), "moe_act": ("routed experts", lambda m: m.is_moe),
+                "shared_experts": ("shared experts", lambda m: m.is_moe and bool(m.num_shared_experts))}
+
+
+def recompute_modules_errors(plan: Plan, st: Stage, sfx: str, model: ModelSpec) -> list[tuple[str, str]]:
+    """Rules of a stage's ``recompute_modules``: only with selective recomputation, under the megatron convention,
+    each module present in the model."""
+    if st.recompute_modules is None:
+        return []
+    field = f"{sfx}.recompute_modules"
+    if st.recompute != "selective":
+        return [(field, 'only with recompute "selective"')]
+    if memory_convention(plan) != "megatron":
+        return [(field, ("Megatron-Core's modules need the megatron convention (framework torch: recompute "
+                         "\"selective\" is torchtitan's op-level policy)"))]
+    for name in st.recompute_modules:
+        what, has = MODULE_NEEDS.get(name, ("", lambda m: True))
+        if not has(model):
+            return [(field, f"{name!r} on a model without {what}")]
+    return []
 
 
 def stage_v2_errors(plan: Plan, pipe: Pipeline, st: Stage, sfx: str, cluster: Cluster,
@@ -151,6 +195,7 @@ def stage_v2_errors(plan: Plan, pipe: Pipeline, st: Stage, sfx: str, cluster: Cl
         elif st.recompute_layers > st.num_layers:
             errs.append((f"{sfx}.recompute_layers", f"{st.recompute_layers} exceeds the stage's "
                                                     f"{st.num_layers} blocks"))
+    errs += recompute_modules_errors(plan, st, sfx, model)
     if st.etp is not None and not model.is_moe and st.etp != st.tp:
         errs.append((f"{sfx}.etp", f"etp {st.etp} on a dense model (no routed experts)"))
     if plan.precision == "fp8":
@@ -195,8 +240,11 @@ def uses_v2(plan: Plan) -> bool:
     """Whether ``plan`` sets any version-2 field (a fast test; :func:`v2_fields_used` names them)."""
     return (plan.precision == "fp8" or plan.zero_stage >= 2 or plan.overlap_grad_reduce
             or plan.overlap_param_gather or plan.framework is not None or plan.grad_reduce_in_fp32 is not None
+            or plan.fp8_params or plan.master_weights is not None or plan.optimizer_state_dtype is not None
+            or plan.loss is not None
             or any(p.virtual_stages != 1 or any(st.cp != 1 or st.sequence_parallel or st.recompute == "selective"
                                                 or st.recompute_layers is not None or st.etp is not None
+                                                or st.recompute_modules is not None
                                                 or st.layers is not st.ranges[0] for st in p.stages)
                    for p in plan.pipelines))
 
@@ -227,7 +275,7 @@ def same_math_plan(plan: Plan) -> tuple[Plan, list[str]]:
             if st.sequence_parallel:
                 upd["sequence_parallel"] = False
             if st.recompute == "selective" or st.recompute_layers is not None:
-                upd.update(recompute=True, recompute_layers=None)
+                upd.update(recompute=True, recompute_layers=None, recompute_modules=None)
             stages.append(st.model_copy(update=upd) if upd else st)
             changed = changed or bool(upd)
         pipes.append(p.model_copy(update={"stages": tuple(stages)}))

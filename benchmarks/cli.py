@@ -207,6 +207,12 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=5.0, help="per planner and case, s (default 5)")
     _out(p, R / "objectives")
 
+    p = _add(sub, "long-seq", "benchmarks.long_seq:run", "long sequences (32k-128k): arachne vs every baseline, cp")
+    p.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
+    p.add_argument("--time-budget", type=float, default=10.0, help="per planner and case, s (default 10)")
+    p.add_argument("--tokens", type=int, default=2**22, help="tokens per iteration (default 4194304)")
+    _out(p, R / "long_seq")
+
     p = _add(sub, "report", "benchmarks.report:report", "write docs/results.md and results/headline.json")
     p.add_argument("--results", type=Path, default=R, help="folder of result JSON (default results)")
     p.add_argument("--stored", nargs="*", default=None, help="stored sweeps to include (default: all)")

@@ -15,10 +15,11 @@ time; busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter
 All-gather and reduce-scatter are priced with ``all_gather_time`` / ``reduce_scatter_time``; a record that pins
 ``NCCL_ALGO=RING`` is priced with the ring alone.
 
-Hold-out: every record carries ``held_out`` (records sorted by id, odd positions held out; ``SPLIT_RULE``), and
-``degraded`` where its own thread says the fabric under-delivers. The one fitted constant
-(``NetworkCalibration.efa_nic_efficiency``) is refitted here on the calibration half (not held out, not degraded,
-rows >= ``FIT_MIN_BYTES``) and printed beside the shipped value; errors are reported per half.
+Hold-out: every record carries ``held_out`` (per ``batch`` of records added together, sorted by id, odd positions
+held out; ``SPLIT_RULE``), and ``degraded`` where its own thread says the fabric under-delivers. The fitted constants
+(``FITTED``: ``NetworkCalibration.efa_nic_efficiency`` and ``p2p_intra_share``) are refitted here on the calibration
+half (not held out, not degraded, rows >= ``FIT_MIN_BYTES``) and printed beside the shipped values; errors are
+reported per half, per collective (every one of ``COLLECTIVES``, with or without a healthy record) and per fabric.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ from benchmarks import common
 DATA = common.ROOT / "data" / "nccl" / "measurements.json"
 MIN_BYTES = 1_000_000  # the target applies at sizes >= 1 MB
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-FABRICS = ("nvswitch", "nvlink-bridge", "pcie", "infiniband", "roce", "cloud-efa", "ethernet")
+# fabric kinds: nvlink = GPUs joined directly by NVLink links (no switch); slingshot = HPE Slingshot (RDMA through
+# the aws-ofi-nccl plugin), priced at the efficiency of a node that names no network (NETWORK_OF_KIND has no entry)
+FABRICS = ("nvswitch", "nvlink-bridge", "nvlink", "pcie", "infiniband", "roce", "cloud-efa", "ethernet",
+           "slingshot")
 GB = 1e9
 FIT_MIN_BYTES = 64 * 2**20  # efficiencies are fitted where the bandwidth term dominates the latency
-SPLIT_RULE = "records sorted by id; odd positions (0-based) held out"
+SPLIT_RULE = "per batch (records added together), records sorted by id; odd positions (0-based) held out"
 NETWORK_OF_KIND = {"infiniband": "infiniband", "roce": "roce", "cloud-efa": "efa", "ethernet": "ethernet"}
 
 
@@ -73,6 +77,7 @@ class Record:
     held_out: bool = False       # in the check half: no fitted constant sees it
     degraded: bool = False       # its own thread says the fabric under-delivers (``degraded_why``)
     algorithm: str | None = None  # NCCL_ALGO the source pinned ("ring", "nvls"), None: NCCL's choice
+    batch: int = 1               # records added together; the split is drawn within each batch (SPLIT_RULE)
 
     @property
     def ranks(self) -> int:
@@ -149,15 +154,22 @@ def load(path: Path = DATA) -> list[Record]:
                    f"{f}.degraded_why", "a degraded record says why")
         alg = r.get("algorithm")
         _check(alg in (None, "ring", "tree", "nvls"), path, f"{f}.algorithm", "null, ring, tree or nvls")
+        batch = r.get("batch", 1)
+        _check(isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1, path, f"{f}.batch",
+               "a positive integer (records added together share one)")
         out.append(Record(r["id"], src, fab, coll, tuple(rows), bool(r.get("approximate", False)),
-                          r["held_out"], r["degraded"], alg))
+                          r["held_out"], r["degraded"], alg, batch))
     return out
 
 
 def split_ok(recs: list[Record]) -> bool:
-    """The stored ``held_out`` flags follow :data:`SPLIT_RULE`."""
-    order = sorted(recs, key=lambda r: r.id)
-    return all(r.held_out == (i % 2 == 1) for i, r in enumerate(order))
+    """The stored ``held_out`` flags follow :data:`SPLIT_RULE`: within each batch, sorted by id, odd positions held
+    out (a batch is split when it is added, so adding records never moves an earlier record between halves)."""
+    for b in {r.batch for r in recs}:
+        order = sorted((r for r in recs if r.batch == b), key=lambda r: r.id)
+        if not all(r.held_out == (i % 2 == 1) for i, r in enumerate(order)):
+            return False
+    return True
 
 
 # ---- pricing -------------------------------------------------------------------------------------------------
@@ -183,13 +195,14 @@ def _devices(cluster) -> list[str]:
 
 def model_time(net, collective: str, devices: list[str], nbytes: float, algorithm: str | None = None) -> float:
     """arachne's time for a collective of nccl-tests ``size`` ``nbytes`` over ``devices`` (``algorithm``: the
-    one the source pinned; only a pinned ring changes the pricing, NVLS being NCCL's choice where it applies)."""
+    one the source pinned: a pinned ring all-reduce is priced as the ring, a pinned NVLS all-gather/reduce-scatter
+    as NVLS; NVLS all-reduce is NCCL's own choice where it applies)."""
     if collective == "all_reduce":
         return net.all_reduce_time(devices, nbytes, algorithm="ring" if algorithm == "ring" else None)
     if collective == "all_gather":
-        return net.all_gather_time(devices, nbytes)
+        return net.all_gather_time(devices, nbytes, algorithm=algorithm)
     if collective == "reduce_scatter":
-        return net.reduce_scatter_time(devices, nbytes)
+        return net.reduce_scatter_time(devices, nbytes, algorithm=algorithm)
     if collective == "all_to_all":
         return net.all_to_all_time(devices, nbytes)
     if collective == "send_recv":  # rank 0 to the last rank (across nodes when there are several)
@@ -243,13 +256,24 @@ def price(rec: Record, min_bytes: float = MIN_BYTES, cal=None) -> list[dict[str,
     return out
 
 
-def fit_efficiency(recs: list[Record], field: str, kind: str) -> float | None:
+def p2p_intra(rec: Record) -> bool:
+    """A single-node send/recv or all-to-all record: what ``NetworkCalibration.p2p_intra_share`` is fitted on."""
+    return rec.collective in ("send_recv", "all_to_all") and rec.fabric["nodes"] == 1
+
+
+# the fitted NetworkCalibration constants and the records each is fitted on (their calibration half)
+FITTED = {"efa_nic_efficiency": lambda r: r.fabric["kind"] == "cloud-efa", "p2p_intra_share": p2p_intra}
+
+
+def fit_efficiency(recs: list[Record], field: str, kind: str | Any) -> float | None:
     """The ``NetworkCalibration`` efficiency ``field`` that minimises the mean squared log error of busbw over
-    the calibration records of fabric ``kind`` (not held out, not degraded, rows >= FIT_MIN_BYTES), each record
-    weighed once; None when no such row exists. A grid of 0.005 steps over [0.2, 1.0]."""
+    the calibration records of fabric ``kind`` (or those a predicate ``kind(record)`` selects; not held out, not
+    degraded, rows >= FIT_MIN_BYTES), each record weighed once; None when no such row exists. A grid of 0.005
+    steps over [0.2, 1.0]."""
     from arachne.cost.calibration import NetworkCalibration
 
-    fit_on = [r for r in recs if r.fabric["kind"] == kind and not r.held_out and not r.degraded
+    pick = kind if callable(kind) else (lambda r: r.fabric["kind"] == kind)
+    fit_on = [r for r in recs if pick(r) and not r.held_out and not r.degraded
               and any(row["bytes"] >= FIT_MIN_BYTES for row in r.rows)]
     if not fit_on:
         return None
@@ -340,6 +364,33 @@ def _group_rows(rows: list[dict[str, Any]], by: tuple[str, ...]) -> list[dict[st
     return out
 
 
+def _collective_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per collective of :data:`COLLECTIVES`, also those without a healthy record (shown as such): healthy
+    records, arachne MAPE on each half, flat MAPE, arachne's factor, and how many degraded records there are."""
+    got = {g["group"]: g for g in _group_rows(rows, ("collective",))}
+    out = []
+    for c in COLLECTIVES:
+        g = got.get(SHORT[c], {"recs": 0, "cal %": None, "chk %": None, "flat %": None, "x arachne": None})
+        degraded = len({r["record"] for r in rows if r["collective"] == c and r["degraded"]})
+        out.append({"collective": c, "recs": g["recs"], "cal %": g["cal %"], "chk %": g["chk %"],
+                    "flat %": g["flat %"], "x arachne": g["x arachne"], "degraded": degraded})
+    return out
+
+
+def _by_collective(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per collective: MAPE of the healthy records on each half (None where the half has none), for the summary."""
+    out: dict[str, Any] = {}
+    for c in COLLECTIVES:
+        sel = [{**r, "g": 0} for r in rows if r["collective"] == c and not r["degraded"]]
+        half = {}
+        for name, keep in (("calibration", False), ("check", True)):
+            s = summarize([r for r in sel if r["held_out"] == keep], ("g",))
+            half[name] = {"records": s[0]["records"] if s else 0,
+                          "arachne_mape_pct": s[0]["arachne_mape_pct"] if s else None}
+        out[c] = half
+    return out
+
+
 def _halves(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """MAPE and within-15% counts for the calibration half, the check half (healthy records) and the degraded."""
     out: dict[str, Any] = {}
@@ -370,21 +421,23 @@ def run(a) -> None:
              "err %": _pct(r["arachne_error_pct"]), "flat %": _pct(r["flat_error_pct"])} for r in rows]
     common.print_table("busbw measured; err: arachne (> 0: too fast); half: cal/chk, *: degraded", show)
     by_cf = summarize(rows, ("collective", "fabric"))
-    common.print_table("healthy records per collective and fabric: MAPE % (cal/chk halves), factor", 
+    common.print_table("per collective: healthy MAPE % (cal/chk), factor, degraded recs",
+                       _collective_rows(rows))
+    common.print_table("healthy records per collective and fabric: MAPE % (cal/chk halves), factor",
                        _group_rows(rows, ("collective", "fabric")))
     by_f = summarize(rows, ("fabric",))
     common.print_table("healthy records per fabric", _group_rows(rows, ("fabric",)))
     halves = _halves(rows)
     overall = summarize([{**r, "all": "all"} for r in rows], ("all",))[0]
-    shipped = NetworkCalibration().efa_nic_efficiency
-    fitted = fit_efficiency(recs, "efa_nic_efficiency", "cloud-efa")
+    fits = {f: {"shipped": getattr(NetworkCalibration(), f), "refit_on_calibration_half": fit_efficiency(recs, f, sel)}
+            for f, sel in FITTED.items()}
     multi = [r for r in rows if r["nodes"] > 1]
     single = [r for r in rows if r["nodes"] == 1]
     summary = {"records": len(recs), "rows": len(rows), "min_bytes": a.min_bytes, "split_rule": SPLIT_RULE,
                "fabric_kinds": sorted({r["fabric"] for r in rows}),
                "arachne_mape_pct": overall["arachne_mape_pct"], "flat_mape_pct": overall["flat_mape_pct"],
                "target_mape_pct": 15.0, **halves,
-               "fitted": {"efa_nic_efficiency": {"shipped": shipped, "refit_on_calibration_half": fitted}},
+               "fitted": fits, "by_collective": _by_collective(rows),
                "multi_node": summarize([{**r, "all": "multi"} for r in multi], ("all",))[0] if multi else None,
                "single_node": summarize([{**r, "all": "single"} for r in single], ("all",))[0] if single else None,
                "by_collective_fabric": by_cf, "by_fabric": by_f}
@@ -400,7 +453,9 @@ def run(a) -> None:
               f"{overall['arachne_mape_pct']:.1f}%, flat {overall['flat_mape_pct']:.1f}%", highlight=False)
     con.print(f"off by a factor of {overall['arachne_factor']:.2f} (arachne) vs {overall['flat_factor']:.2f} (flat)",
               highlight=False)
-    con.print(f"efa_nic_efficiency: shipped {shipped:g}, refit on the calibration half "
-              f"{'-' if fitted is None else f'{fitted:.3f}'}", highlight=False)
+    for f, v in fits.items():
+        refit = v["refit_on_calibration_half"]
+        con.print(f"{f}: shipped {v['shipped']:g}, refit on the calibration half "
+                  f"{'-' if refit is None else f'{refit:.3f}'}", highlight=False)
     common.write_result(a.out, "collectives", rows, summary, {"data": str(path), "min_bytes": a.min_bytes},
                         benchmark="cost-model-collectives")

@@ -93,6 +93,11 @@ class Parallel(_Strict):
     """Megatron sequence parallelism, when stated."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation."""
+    recompute_modules: tuple[str, ...] | None = None
+    """With ``recompute: selective``, Megatron-Core's ``recompute_modules`` when the recipe states them (the plan
+    field of that name); null: the attention core only."""
+    fp8_params: bool | None = None
+    """fp8 parameters (Megatron ``fp8_param_gather``) when the recipe states them (the plan field of that name)."""
     mbs: int = Field(ge=1)
     """Micro-batch size (sequences per data-parallel rank per micro-batch)."""
     gbs: int = Field(ge=1)
@@ -119,7 +124,8 @@ class Measured(_Strict):
     peak_tflops: float | None = Field(default=None, gt=0)
     """The per-GPU peak the source divided by (with ``mfu``)."""
     peak_memory_gb: float | None = Field(default=None, gt=0)
-    """Peak memory per GPU, 10^9 bytes, when published."""
+    """Peak memory per GPU, 10^9 bytes, when published: the caching allocator's reserved peak (the sources with
+    memory, torchtitan's pages, log ``torch.cuda`` max reserved), compared with ``MemoryBreakdown.reserved``."""
 
     @model_validator(mode="after")
     def _one_metric(self) -> Measured:
@@ -177,6 +183,12 @@ class SourceDefaults(_Strict):
     Transformer Engine, or plain PyTorch modules."""
     grad_reduce_in_fp32: bool | None = None
     """Gradients reduced (and, in Megatron, kept) in fp32; null: the plan's default (fp32)."""
+    master_weights: Literal["fp32", "none"] | None = None
+    """The plan field of that name (``none``: no fp32 master copy); null: the plan's default (fp32)."""
+    optimizer_state_dtype: Literal["fp32", "bf16"] | None = None
+    """The plan field of that name (Adam's moments); null: the plan's default (fp32)."""
+    loss: Literal["standard", "fused"] | None = None
+    """The plan field of that name (``fused``: no fp32 copy of the logits); null: the plan's default."""
     basis: str = ""
     """Where these defaults come from (the recipe file, or why they are assumed)."""
 
@@ -393,6 +405,8 @@ def convert(runs: RunsFile, rec: Record) -> tuple[dict, dict, dict[str, Any]]:
             st["etp"] = etp
         if p.recompute != "none":
             st["recompute"] = p.recompute
+        if p.recompute_modules is not None:
+            st["recompute_modules"] = list(p.recompute_modules)
         stages.append(st)
     zero = 3 if p.fsdp else (p.zero_stage if p.zero_stage is not None else int(_default(runs, rec, "zero_stage") or 0))
     overlap = p.overlap if p.overlap is not None else bool(_default(runs, rec, "overlap"))
@@ -403,9 +417,11 @@ def convert(runs: RunsFile, rec: Record) -> tuple[dict, dict, dict[str, Any]]:
         "format": "arachne-plan/2", "model": _model_ref(runs, rec), "global_batch_size": p.gbs,
         "sequence_length": p.seq, "micro_batch_size": p.mbs * dp, "precision": p.precision, "zero_stage": zero,
         "schedule": "1f1b", "pipelines": [pipe]}
-    for key in ("framework", "grad_reduce_in_fp32"):
+    for key in ("framework", "grad_reduce_in_fp32", "master_weights", "optimizer_state_dtype", "loss"):
         if _default(runs, rec, key) is not None:
             plan[key] = _default(runs, rec, key)
+    if p.fp8_params:
+        plan["fp8_params"] = True
     if overlap:
         plan["overlap_grad_reduce"] = True
         if zero >= 1:
@@ -474,13 +490,15 @@ def price(runs: RunsFile, rec: Record) -> dict[str, Any]:
         "measured_s": measured, "predicted_s": est.iteration_time_s,
         "error_pct": 100 * (est.iteration_time_s - measured) / measured,
         "predicted_memory_gb": est.max_memory_bytes / 1e9, "fits": est.fits,
+        "predicted_reserved_gb": max(m.reserved for m in est.memory_detail.values()) / 1e9,
         "measured_memory_gb": rec.measured.peak_memory_gb, "memory_error_pct": None,
         "uses": ",".join(needs(runs, rec)) or "-", "unpriced": ",".join(gaps) or "-",
         "zero_stage": notes["zero_stage"], "overlap": notes["overlap"], "sequence_parallel": notes["sp"],
         "source": f"{rec.source.ref}: {rec.source.table}", "breakdown": dict(est.breakdown),
     }
-    if rec.measured.peak_memory_gb:
-        row["memory_error_pct"] = 100 * (row["predicted_memory_gb"] - rec.measured.peak_memory_gb) / \
+    if rec.measured.peak_memory_gb:  # published peaks are the caching allocator's reserved peak (torchtitan logs
+        # torch.cuda max_reserved): compared with the reserved bound, not the allocated peak that decides fitting
+        row["memory_error_pct"] = 100 * (row["predicted_reserved_gb"] - rec.measured.peak_memory_gb) / \
             rec.measured.peak_memory_gb
     return row
 

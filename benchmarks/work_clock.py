@@ -4,7 +4,9 @@ makes plans reproducible.
 ``fit`` runs the planner on the wall clock, and on the work clock with the current rates, over random
 production-like problems (the sweep generator, seeds not used by its evaluation) at several targets, in one
 process with a fresh cost model per problem (as the CLI has), records the work each run requested and the wall
-time it took, and fits non-negative seconds-per-unit rates by relative error. ``--install`` writes them to
+time it took, and fits non-negative seconds-per-unit rates by relative error, one per field of
+:class:`~arachne.planners.arachne.work_clock.Work` (``WORK_FIELDS``: a field added there is fitted here too, e.g.
+the modern-knobs pass's ``knob_plans`` and ``knob_stages``). ``--install`` writes them to
 ``arachne/data/work_rates.json`` (data, never source text), with the command, commit and date of the fit.
 Runs on the work clock show where the current rates undercharge, so a second fit after installing converges.
 

@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
         sequence_length: int = typer.Option(..., "--sequence-length", "-s", min=1, help="tokens per sequence"),
         planner: str = typer.Option("arachne", "--planner", help="arachne (default) or a baseline"),
         time_budget: float = typer.Option(60.0, "--time-budget", min=0.0, help="planning time budget, seconds"),
-        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp32"),
+        precision: str = typer.Option("bf16", "--precision",
+                                      help="bf16, fp16, fp32 or fp8 (FP8 GEMMs where every GPU of a plan has "
+                                           "an FP8 rate, bf16 elsewhere; needs --runtime megatron or torchtitan)"),
         profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory"),
         output: Path | None = typer.Option(None, "-o", "--output", help="write the plan JSON here"),
         as_json: bool = typer.Option(False, "--json", help="print the plan JSON on stdout"),
@@ -61,7 +63,7 @@ def register(app: typer.Typer) -> None:
         from arachne.spec.job import Job, check_precision, sequence_error
         from arachne.spec.model import load_model
 
-        check_precision(precision)
+        check_precision(precision, fp8=True)
         if output is not None:
             from arachne.fileio import check_output
 
@@ -83,6 +85,10 @@ def register(app: typer.Typer) -> None:
 
         legality = Legality.of(runtime, load_constraints(constraints) if constraints is not None else None,
                                str(constraints or ""))
+        if job.fp8 and legality.constraints.fp8 is False:
+            why = (f"the {runtime} runtime runs no fp8 plan (--runtime megatron or torchtitan does)"
+                   if legality.runtime.constraints.fp8 is False else f"{constraints} says fp8: false")
+            raise InputError("", "--precision", f"fp8 is not allowed: {why}")
         goal = Objective(objective, max_cost_per_hour, min_tokens_per_s)  # type: ignore[arg-type]
         goal.check_prices(cl)
         cm = _cost_model(cl, profiles)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import math
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,30 @@ def _need_torch(command: str) -> None:
 # What each command writes inside its output directory (glob patterns), so that an input there is never
 # written over: arachne.runtime.checkpoint's layout, and export's files per format.
 CHECKPOINT_NAMES = ("latest", "latest.tmp", "step-*", ".tmp-step-*", ".staging-step-*", ".lock")
-EXPORT_NAMES = {"megatron": ("megatron_args.txt", "megatron.json"), "torchrun": ("rank_map.json", "launch_*.sh")}
+EXPORT_NAMES = {"megatron": ("megatron_args.txt", "megatron.json"), "torchrun": ("rank_map.json", "launch_*.sh"),
+                "torchrun-elastic": ("elastic.json", "elastic_store.sh", "launch_*.sh")}
+
+
+def _export_elastic(pl: Any, cl: Any, plan: Path, cluster: Path, out: Path | None, as_json: bool,
+                    store_host: str | None, store_port: int, job: Any) -> None:
+    """``export --format torchrun --elastic``: the store host's command and one agent command per node."""
+    from arachne.fileio import write_text_safely
+    from arachne.runtime.elastic_export import elastic_export, elastic_files, elastic_text
+    from arachne.runtime.export import output_path
+
+    doc = elastic_export(pl, cl, str(plan), str(cluster), job, store_host, store_port)
+    if out is None:
+        print(json.dumps(doc, indent=1) if as_json else elastic_text(doc))
+        return
+    # every name and value checked, and every path kept inside out/, before anything is written (or exit 2)
+    files = [(output_path(out, name), text, executable) for name, text, executable in elastic_files(doc)]
+    out.mkdir(parents=True, exist_ok=True)
+    for path, text, executable in files:
+        write_text_safely(path, text)
+        if executable:
+            path.chmod(0o755)
+    console.print(f"wrote {out / 'elastic.json'}, {out / 'elastic_store.sh'} (run it on {doc['store_host']}) and "
+                  f"{len(doc['nodes'])} agent launch script(s)", markup=False, highlight=False, soft_wrap=True)
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -94,6 +117,12 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, help="--elastic: save every N steps"),
         horizon_steps: int = typer.Option(1000, "--horizon-steps", min=1,
                                           help="--elastic: take a joining node only if that pays within N steps"),
+        store: str | None = typer.Option(None, "--store", metavar="HOST:PORT",
+                                         help="--elastic on a cluster: host the job's store here, reached at "
+                                              "HOST:PORT by the agents (export --format torchrun --elastic)"),
+        initial_nodes: str | None = typer.Option(None, "--initial-nodes", metavar="N1,N2",
+                                                 help="--elastic: nodes admitted together at the start "
+                                                      "(default: all simulated nodes; with --store the plan's)"),
     ) -> None:
         """Train a plan for real: one process per plan device, synthetic data, PyTorch distributed."""
         from arachne.plan import load_plan, validate_plan
@@ -103,12 +132,19 @@ def register(app: typer.Typer) -> None:
 
         check_timeout(timeout)
         check_lr(lr)
+        if not elastic and (store is not None or initial_nodes is not None):
+            raise InputError("", "--store" if store is not None else "--initial-nodes", "only with --elastic")
         if checkpoint_dir is not None:
             from arachne.fileio import check_output
 
             check_output(checkpoint_dir, {"--cluster": cluster, "--plan": plan, "--profiles": profiles}, kind="dir",
                          field="--checkpoint-dir", names=CHECKPOINT_NAMES)
         cl = load_cluster(cluster)
+        if elastic:  # its flags, before anything slow
+            from arachne.runtime.elastic_export import check_elastic_run, parse_nodes
+
+            check_elastic_run(cl, simulate_devices, store, checkpoint_dir, min_nodes, max_nodes)
+            parse_nodes(initial_nodes, cl)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
         pl, notes = same_math_plan(pl)  # v2 settings that leave the computed values alone run as v1 equivalents
@@ -119,11 +155,12 @@ def register(app: typer.Typer) -> None:
         _need_torch("run")
         if elastic:  # arachne/runtime/elastic_agent.py
             from arachne.runtime.elastic_agent import ElasticConfig, run_from_cli
+            from arachne.runtime.elastic_export import parse_nodes
 
             run_from_cli(pl, model, cl, ElasticConfig(
                 steps=steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,  # type: ignore[arg-type]
                 horizon_steps=horizon_steps, min_nodes=min_nodes, max_nodes=max_nodes, seed=seed, lr=lr,
-                timeout_s=timeout), simulate_devices, as_json)
+                timeout_s=timeout, initial_nodes=parse_nodes(initial_nodes, cl)), simulate_devices, as_json, store)
             return
 
         from arachne.runtime.launch import JobError, RunConfig, StepRecord, run_plan
@@ -216,8 +253,12 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from arachne.profiles.format import profile_filename, write_profile
-        from arachne.runtime.profiler import (ProfileSettings, available_memory_bytes, profile_memory_bytes,
-                                              profile_model)
+        from arachne.runtime.profiler import (
+            ProfileSettings,
+            available_memory_bytes,
+            profile_memory_bytes,
+            profile_model,
+        )
 
         if threads:
             torch.set_num_threads(threads)
@@ -253,24 +294,58 @@ def register(app: typer.Typer) -> None:
         cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster YAML/JSON"),
         fmt: str = typer.Option(..., "--format", "-f", help="torchrun or megatron"),
         out: Path | None = typer.Option(None, "-o", "--out", help="output directory (default: stdout)"),
-        port: int = typer.Option(29500, "--master-port", min=1, max=65535, help="torchrun rendezvous port"),
+        port: int | None = typer.Option(None, "--master-port", min=1, max=65535,
+                                        help="torchrun rendezvous port (default 29500)"),
         steps: int = typer.Option(100, "--steps", min=1, help="iterations the torchrun workers run"),
         as_json: bool = typer.Option(False, "--json", help="torchrun: print the rank map JSON (with commands)"),
+        elastic: bool = typer.Option(False, "--elastic", help="torchrun: an elastic job's commands: one agent per "
+                                                               "node of the cluster and the store host's"),
+        store_host: str | None = typer.Option(None, "--store-host",
+                                              help="--elastic: the job's store host (default: the plan's first node)"),
+        store_port: int = typer.Option(29400, "--store-port", min=1, max=65535, help="--elastic: its port"),
+        checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir",
+                                                  help="--elastic: a directory every node sees at this path"),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, help="--elastic: save every N steps"),
+        horizon_steps: int = typer.Option(1000, "--horizon-steps", min=1,
+                                          help="--elastic: take a joining node only if that pays within N steps"),
+        min_nodes: int = typer.Option(1, "--min-nodes", min=1, help="--elastic: fewest nodes to run with"),
+        max_nodes: int | None = typer.Option(None, "--max-nodes", min=1, help="--elastic: most nodes (default: all)"),
+        initial_nodes: str | None = typer.Option(None, "--initial-nodes", metavar="N1,N2",
+                                                 help="--elastic: nodes admitted at the start (default: the plan's)"),
     ) -> None:
         """Write torchrun launch commands and a rank map, or Megatron-LM arguments, for a plan."""
         from arachne.fileio import write_text_safely
         from arachne.plan import load_plan, validate_plan
         from arachne.plan_rules import refuse_v2, refuse_v2_model, same_math_plan
-        from arachne.runtime.export import launch_script, launch_script_name, megatron_export, output_path
-        from arachne.runtime.export import torchrun_export
+        from arachne.runtime.elastic_export import ElasticJobFlags, parse_nodes
+        from arachne.runtime.export import (
+            launch_script,
+            launch_script_name,
+            megatron_export,
+            output_path,
+            torchrun_export,
+        )
         from arachne.spec.cluster import load_cluster
 
         if fmt not in ("torchrun", "megatron"):
             raise InputError("", "--format", f"expected torchrun or megatron, got {fmt!r}")
+        if elastic and fmt != "torchrun":
+            raise InputError("", "--elastic", "only with --format torchrun")
+        if elastic and port is not None:
+            raise InputError("", "--master-port", "not with --elastic (its agents meet at --store-port)")
+        if not elastic:
+            given = [f for f, v in (("--store-host", store_host), ("--checkpoint-dir", checkpoint_dir),
+                                    ("--max-nodes", max_nodes), ("--initial-nodes", initial_nodes)) if v is not None]
+            if given:
+                raise InputError("", given[0], "only with --elastic")
+        if elastic and not checkpoint_dir:
+            raise InputError("", "--checkpoint-dir", "--elastic restores every restart from it: give a directory "
+                                                     "every node sees at the same path")
         if out is not None:
             from arachne.fileio import check_output
 
-            check_output(out, {"--plan": plan, "--cluster": cluster}, kind="dir", names=EXPORT_NAMES[fmt])
+            names = EXPORT_NAMES["torchrun-elastic" if elastic else fmt]
+            check_output(out, {"--plan": plan, "--cluster": cluster}, kind="dir", names=names)
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
@@ -300,7 +375,13 @@ def register(app: typer.Typer) -> None:
             console.print(f"wrote {out / 'megatron_args.txt'} and {out / 'megatron.json'}", markup=False,
                           highlight=False)
             return
-        doc = torchrun_export(pl, model, cl, str(plan), str(cluster), port, steps)
+        if elastic:
+            _export_elastic(pl, cl, plan, cluster, out, as_json, store_host, store_port, ElasticJobFlags(
+                checkpoint_dir=checkpoint_dir or "", steps=steps, checkpoint_every=checkpoint_every,
+                horizon_steps=horizon_steps, min_nodes=min_nodes, max_nodes=max_nodes,
+                initial_nodes=parse_nodes(initial_nodes, cl)))
+            return
+        doc = torchrun_export(pl, model, cl, str(plan), str(cluster), port or 29500, steps)
         if out is None and as_json:
             print(json.dumps(doc, indent=1))
             return
@@ -320,3 +401,34 @@ def register(app: typer.Typer) -> None:
             script.chmod(0o755)
         console.print(f"wrote {out / 'rank_map.json'} and {len(doc['nodes'])} launch script(s)", markup=False,
                       highlight=False)
+
+    @app.command("elastic-agent")
+    @handle_errors
+    def elastic_agent(
+        store: str = typer.Option(..., "--store", metavar="HOST:PORT", help="the job's store (its elastic_store.sh)"),
+        node: str = typer.Option(..., "--node", help="this node's name in the job's cluster file"),
+        local_addr: str | None = typer.Option(None, "--local-addr", help="the address other nodes reach this one at "
+                                                                         "(default: its host name)"),
+        connect_timeout: float = typer.Option(600.0, "--connect-timeout", min=1,
+                                              help="seconds to wait for the store host"),
+    ) -> None:
+        """Run one node's torch elastic agent for `arachne run --elastic --store` (the launch_NODE.sh that
+        `arachne export --format torchrun --elastic` writes)."""
+        from arachne.runtime.elastic_export import check_host, parse_store
+        from arachne.spec.names import check_name
+
+        parse_store(store)
+        check_name(node, field="--node")
+        if local_addr is not None:
+            check_host(local_addr, field="--local-addr")
+        _need_torch("elastic-agent")
+        from arachne.runtime.elastic_agent import run_agent
+        from arachne.runtime.launch import JobError
+
+        try:
+            code = run_agent(store, node, local_addr, connect_timeout)
+        except JobError as exc:
+            fail(str(exc), 1)
+            return
+        if code:
+            raise typer.Exit(code)

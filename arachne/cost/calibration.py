@@ -90,6 +90,15 @@ class NetworkCalibration:
     ring_base_latency_s: float = 8.4e-6
     ring_step_latency_intra_s: float = 3.4e-6
     ring_step_latency_inter_s: float = 9.6e-6
+    # NVLS on other NVSwitch generations: NCCL's own tuning model scales NVLS bandwidth by an efficiency per
+    # architecture, Hopper 0.85 and Blackwell 0.74 (``nvlsEfficiency``, NCCL src/graph/tuning.cc; its tuning-model
+    # header in later releases); the Hopper ``nvls_algbw_over_line`` above is scaled by their ratio.
+    nvls_efficiency: tuple[tuple[str, float], ...] = (("hopper", 0.85), ("blackwell", 0.74))
+    # Send/recv and all-to-all run on NCCL's p2p channels (``NCCL_MAX_P2P_NCHANNELS``), not the ring's
+    # (S. Jeaugey, NVIDIA/nccl#1598): inside a node they reach this share of the ring's bandwidth. Fitted on the
+    # calibration half of data/nccl/measurements.json (single-node send/recv and all-to-all records, sizes >= 64 MiB;
+    # ``python -m benchmarks cost-model collectives`` prints the refit), never on the check half.
+    p2p_intra_share: float = 0.82
 
 
 @dataclass(frozen=True)

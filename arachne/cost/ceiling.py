@@ -48,6 +48,8 @@ def part_seconds_per_token(cm: CostModel, model: ModelSpec, gpu_name: str, gbs: 
     itself cover the minimum over every micro-batch a plan can give a group.
     """
     gpu = cm.cluster.gpu_types[gpu_name]
+    if precision == "fp8" and gpu.fp8_tflops is None:  # fp8 plans run only on FP8 GPUs: the others in bf16
+        precision = "bf16"
     heads = model.num_attention_heads
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if heads % t == 0]
     eps = _divisors(model.num_experts) if model.is_moe else [1]

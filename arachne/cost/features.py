@@ -78,12 +78,19 @@ def score_bytes(model: ModelSpec, seq: int, b: float, tp: int, precision: str) -
 
 def block_acts_v2(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str,
                   cal: MemoryCalibration, sp: bool, selective: bool, etp: int | None = None,
-                  convention: str = "megatron") -> float:
+                  convention: str = "megatron", modules: tuple[str, ...] | None = None) -> float:
     """:func:`block_activation_terms` with sequence parallelism (the activations outside the tp-split
     GEMMs split over tp, as Megatron keeps its sequence-parallel shards) and selective recomputation: the
     score term dropped (Megatron's core-attention recomputation; nothing to drop under flash attention), or,
     under the ``torch`` convention, what torchtitan's op-level selective checkpointing keeps
-    (:func:`torch_selective_bytes`)."""
+    (:func:`torch_selective_bytes`). With ``modules`` (a selective stage's ``recompute_modules``) the score term
+    is dropped only for ``core_attn``, and each other module's bytes (:func:`recompute.dropped_bytes`)."""
+    if selective and modules is not None:
+        from arachne.cost.recompute import dropped_bytes
+
+        rep, split, score = block_activation_terms(model, index, seq, b, tp, precision, cal, etp, convention)
+        kept = rep / (tp if sp and tp > 1 else 1) + split + (0.0 if "core_attn" in modules else score)
+        return kept - dropped_bytes(model, index, seq, b, tp, precision, sp, etp, modules)
     if selective and convention == "torch" and precision != "fp32":
         return torch_selective_bytes(model, seq, b, tp, precision)
     rep, split, score = block_activation_terms(model, index, seq, b, tp, precision, cal, etp, convention)

@@ -19,10 +19,22 @@ class MemoryBreakdown:
     activations: float
     transient: float
     overhead: float
+    cached: float = 0.0
+    """Transient bytes of the stage's other phase (:func:`peak_transient`): never allocated at the same time as
+    ``transient``, so not in :attr:`total`, but the caching allocator may keep them reserved."""
 
     @property
     def total(self) -> float:
+        """The allocated peak: what must fit in the GPU's memory."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.transient + self.overhead
+
+    @property
+    def reserved(self) -> float:
+        """An upper bound of the caching allocator's reserved peak (what ``torch.cuda.max_memory_reserved``
+        reports, e.g. torchtitan's logged memory): :attr:`total` plus the other phase's transients, whose freed
+        segments the allocator keeps cached while the GPU has room (it releases them and retries before it
+        reports out-of-memory, so they never decide whether a plan fits)."""
+        return self.total + self.cached
 
 
 def stage_params(model: ModelSpec, a: int, b: int, first: bool, last: bool, num_stages: int,
@@ -51,7 +63,10 @@ def stage_expert_params(model: ModelSpec, a: int, b: int, tp: int, ep: int, etp:
 CONVENTIONS = ("megatron", "torch")
 """How a plan's 16-bit activations, model state and loss are accounted: ``megatron`` (Megatron-Core with
 Transformer Engine's fused kernels) for ``zero_stage`` 0-2, ``torch`` (plain torch.nn blocks under FSDP, as
-torchtitan and llm-foundry run them) for ``zero_stage`` 3 (docs/cost-model.md, "Memory per device")."""
+torchtitan and llm-foundry run them) for ``zero_stage`` 3 (docs/cost-model.md, "Memory per device"). Under fp8,
+``megatron`` is Transformer Engine, which caches an fp8 copy and transpose of every weight across the micro-batches
+(``features.fp8_extra_state_bytes``); ``torch`` is torchao's float8 (torchtitan), which casts at each use and
+caches nothing (``Float8Linear``), so its persistent weights are bf16's."""
 
 
 def convention(zero_stage: int) -> str:
@@ -144,9 +159,14 @@ def block_transient_bytes(model: ModelSpec, seq: int, b: float, tp: int, precisi
 
 
 def head_transient_bytes(model: ModelSpec, seq: int, b: float, tp: int, cal: MemoryCalibration,
-                         precision: str = "fp32", convention: str = "megatron") -> float:
+                         precision: str = "fp32", convention: str = "megatron", loss: str | None = None) -> float:
     """The logits and the loss's buffers on the last stage at their peak (bytes per logit element: fp32
-    ``head_transient_copies`` x 4; 16-bit ``logit_bytes_megatron`` or ``logit_bytes_torch``)."""
+    ``head_transient_copies`` x 4; 16-bit ``logit_bytes_megatron`` or ``logit_bytes_torch``). ``loss: fused`` (a
+    fused or compiled cross-entropy: flash-attn's ``CrossEntropyLoss``, a ``torch.compile``d loss, Transformer
+    Engine's): the logits in the activation type, which the kernel keeps for backward with one fp32 log-sum-exp per
+    token, and their gradient in the same type, ``2 x act_bytes`` per element; no fp32 copy is materialised."""
+    if loss == "fused":
+        return (2 * act_bytes(precision) * model.padded_vocab(tp) / tp + 4) * seq * b
     if precision == "fp32":
         per = cal.head_transient_copies * 4
     else:
@@ -154,8 +174,47 @@ def head_transient_bytes(model: ModelSpec, seq: int, b: float, tp: int, cal: Mem
     return per * seq * b * model.padded_vocab(tp) / tp
 
 
+def peak_transient(block_phase: float, head_phase: float) -> float:
+    """The transient bytes of a stage at its peak, from its two phases, which never overlap in time.
+
+    ``block_phase``: while one block runs backward (its recomputed activations, the backward workspace, the
+    parameters and unsharded gradients gathered for it, a gradient bucket being reduced). ``head_phase`` (last
+    stage only, else 0): while the loss runs, before any block's backward starts (the logits and the loss's
+    buffers, and under FSDP the gathered output layer). The logits' gradient is consumed by the output layer's
+    backward and freed before the last block's backward begins; a recomputed block is rebuilt only when its
+    backward is due. So the two add to the activations kept for backward separately: the peak is the larger."""
+    return max(block_phase, head_phase)
+
+
 def state_bytes_per_param(precision: str, cal: MemoryCalibration) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per parameter for Adam."""
     if precision == "fp32":
         return cal.fp32_weight, cal.fp32_grad, cal.fp32_optimizer
     return cal.mixed_weight, cal.mixed_grad, cal.mixed_optimizer
+
+
+MASTER_WEIGHT_BYTES = 4.0
+"""The fp32 master copy of a parameter: part of ``mixed_optimizer`` (Megatron's distributed optimizer: master 4 +
+Adam's m, v 8) and the whole of ``fsdp_weight`` (FSDP's fp32 sharded parameter)."""
+ADAM_MOMENTS = 2
+"""Adam's state tensors per parameter (m and v), fp32 (4 bytes each) unless ``optimizer_state_dtype`` says bf16."""
+
+
+def optimizer_options(precision: str, cal: MemoryCalibration, master_weights: str | None,
+                      state_dtype: str | None) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """(weights, gradients, optimizer) bytes per parameter for Adam, as :func:`state_bytes_per_param` gives them
+    (zero_stage 0-2) and under FSDP (``fsdp_*``, zero_stage 3), with a plan's optimizer settings.
+    ``master_weights: none``: no fp32 master copy (the optimizer steps the 16-bit parameters: FSDP's shard is 16-bit,
+    and so are the parameters' gradients); ``optimizer_state_dtype: bf16``: m and v in 2 bytes each. fp32 training
+    is left as it is (its parameters are the master copy). Both unset: the calibration's values, unchanged."""
+    mixed = state_bytes_per_param(precision, cal)
+    fsdp = (cal.fsdp_weight, cal.fsdp_grad, cal.fsdp_optimizer)
+    if precision == "fp32" or (master_weights in (None, "fp32") and state_dtype in (None, "fp32")):
+        return mixed, fsdp
+    (w, g, o), (fw, fg, fo) = mixed, fsdp
+    ab = act_bytes(precision)
+    if master_weights == "none":
+        o, g, fw, fg = o - MASTER_WEIGHT_BYTES, ab, ab, ab
+    if state_dtype == "bf16":
+        o, fo = o - ADAM_MOMENTS * 2.0, fo - ADAM_MOMENTS * 2.0
+    return (w, g, o), (fw, fg, fo)

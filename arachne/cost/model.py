@@ -31,14 +31,16 @@ from arachne.cost.memory import (
     block_transient_bytes,
     convention,
     head_transient_bytes,
+    optimizer_options,
+    peak_transient,
     stage_expert_params,
-    state_bytes_per_param,
 )
 from arachne.cost.network import Network
 from arachne.cost.pipeline import (
     PipelineMixin,
     _stage_params_cached,
 )
+from arachne.cost.recompute import dropped_bytes, modules_fwd, recomputed_collectives
 from arachne.cost.schedule import in_flight
 from arachne.cost.sync import IDENTITY_CACHE_SIZE, MEGATRON_BUCKET_PARAMS, SyncMixin
 from arachne.errors import InputError
@@ -53,7 +55,8 @@ BREAKDOWN_KEYS = ("compute_s", "pipeline_bubble_s", "p2p_s", "tp_comm_s", "dp_sy
 PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_parallel", "selective_recompute",
                                                 "recompute_layers", "overlap_grad_reduce",
                                                 "overlap_param_gather", "zero_stage", "fp8", "etp", "cp",
-                                                "framework", "grad_reduce_in_fp32"})
+                                                "framework", "grad_reduce_in_fp32", "recompute_modules",
+                                                "fp8_params", "master_weights", "optimizer_state_dtype", "loss"})
 # plan_rules.v2_fields_used features this cost model prices
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
@@ -154,8 +157,9 @@ class CostModel(SyncMixin, PipelineMixin):
         mode = recompute_mode(st)
         k = rec_blocks if rec_blocks is not None else recomputed_blocks(st, z - a)
         et = expert_tp(st)
+        mods = st.recompute_modules if mode == "selective" else None
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
-               mbs, plan.precision, plan.sequence_length, et, st.cp)
+               mbs, plan.precision, plan.sequence_length, et, st.cp, mods)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -185,6 +189,9 @@ class CostModel(SyncMixin, PipelineMixin):
                 rec = lc.blocks(a, z)[0]
             elif mode == "full" and k:
                 rec = lc.blocks(a, a + k)[0]
+            elif mode == "selective" and mods is not None:  # the chosen modules (recompute.py)
+                rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
+                                  z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp))
             elif mode == "selective":
                 rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp)
             bw += rec
@@ -212,6 +219,10 @@ class CostModel(SyncMixin, PipelineMixin):
             elif mode == "full" and k:  # the recomputed blocks' forward collectives again
                 tp_b = tp_f + per * k
                 ep_b = ep_f + (ep_f * sum(model.moe_layers[a:a + k]) / n_moe if n_moe else 0.0)
+            elif mods is not None:  # a recomputed MLP / MoE layer's forward collectives again
+                n_tp, n_ep = recomputed_collectives(model, mods, a, z)
+                tp_b = tp_f + per / 2 * n_tp
+                ep_b = ep_f + (ep_f * n_ep / n_moe if n_moe else 0.0)
             else:
                 tp_b, ep_b = tp_f, ep_f
             cp_f = cp_b = 0.0
@@ -262,33 +273,39 @@ class CostModel(SyncMixin, PipelineMixin):
                      zero_shards: int = 1, replicated: bool = False, recompute: bool | str = False,
                      rec_blocks: int | None = None, sp: bool = False, zero_level: int = 1,
                      etp: int | None = None, framework: str | None = None,
-                     grads_fp32: bool = True) -> MemoryBreakdown:
+                     grads_fp32: bool = True, modules: tuple[str, ...] | None = None,
+                     options: tuple = ()) -> MemoryBreakdown:
         """Bytes on one device of a stage holding ``layers`` with ``b`` sequences per micro-batch and
         ``in_flight_mbs`` micro-batches of activations alive (ZeRO-1 when ``zero_shards > 1``).
         Version 2: ``recompute`` may be ``"selective"``; with full recomputation ``rec_blocks`` (default all)
         leading blocks are recomputed; ``sp`` splits the non-GEMM activations over tp; ``zero_level`` 2 shards
         the gradients as well as the optimizer state over ``zero_shards``; ``framework`` the plan's memory
-        convention (None: by ``zero_level``); ``grads_fp32`` false keeps Megatron's main gradients in 16 bits."""
+        convention (None: by ``zero_level``); ``grads_fp32`` false keeps Megatron's main gradients in 16 bits;
+        ``modules`` a selective stage's ``recompute_modules``; ``options`` the plan's optional memory settings
+        (:meth:`memory_options`: ``fp8_params``, ``master_weights``, ``optimizer_state_dtype``, ``loss``)."""
         key = (model.key, layers, first, last, num_stages, tp, ep, b, in_flight_mbs, precision, seq, zero_shards,
-               replicated, recompute, rec_blocks, sp, zero_level, etp, framework, grads_fp32)
+               replicated, recompute, rec_blocks, sp, zero_level, etp, framework, grads_fp32, modules, options)
         hit = self._mem_cache.get(key)
         if hit is None:
             hit = self._mem_cache[key] = self._stage_memory(model, layers, first, last, num_stages, tp, ep, b,
                                                             in_flight_mbs, precision, seq, zero_shards, recompute,
                                                             rec_blocks, sp, zero_level, etp, framework,
-                                                            grads_fp32)
+                                                            grads_fp32, modules, *(options or (False, None, None,
+                                                                                               None)))
         return hit
 
     def _stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,
                       tp: int, ep: int, b: float, in_flight_mbs: int, precision: str, seq: int, zero_shards: int,
                       recompute: bool | str, rec_blocks: int | None = None, sp: bool = False,
                       zero_level: int = 1, etp: int | None = None, framework: str | None = None,
-                      grads_fp32: bool = True) -> MemoryBreakdown:
+                      grads_fp32: bool = True, modules: tuple[str, ...] | None = None, fp8_params: bool = False,
+                      master: str | None = None, states: str | None = None,
+                      loss: str | None = None) -> MemoryBreakdown:
         cal = self.cal.memory
         a, z = layers
         conv = framework or convention(zero_level)  # default: zero_stage 3 -> plain torch, else Megatron
         params = _stage_params_cached(model, a, z, first, last, num_stages, tp, ep, etp)
-        w, g, o = state_bytes_per_param(precision, cal)
+        (w, g, o), (fsdp_w, fsdp_g, fsdp_o) = optimizer_options(precision, cal, master, states)
         if not grads_fp32 and precision != "fp32":  # main gradients in the 16-bit type
             g = act_bytes(precision)
         if precision == "fp32":
@@ -308,53 +325,65 @@ class CostModel(SyncMixin, PipelineMixin):
         h = model.hidden_size
 
         def acts(i: int, sel: bool) -> float:
-            return block_acts_v2(model, i, seq, b, tp, precision, cal, sp, sel, etp, conv)
+            return block_acts_v2(model, i, seq, b, tp, precision, cal, sp, sel, etp, conv, modules if sel else None)
 
         per_mb = k * seq * b * h * ab / split  # fully recomputed blocks keep their input
         per_mb += sum(acts(i, selective) for i in range(a + k, z))
         # a recomputed block's activations exist again while its backward runs
         transient = max((acts(i, False) for i in range(a, a + k)), default=0.0)
-        if selective and conv == "torch" and precision != "fp32":
+        if selective and conv == "torch" and precision != "fp32" and modules is None:
             transient = max(transient, max((acts(i, False) for i in range(a, z)), default=0.0))
+        elif selective and modules is not None:  # one block's recomputed modules exist again during its backward
+            transient = max(transient, max((dropped_bytes(model, i, seq, b, tp, precision, sp, etp, modules)
+                                            for i in range(a, z)), default=0.0))
         if first:
             per_mb += seq * b * h * ab / split
         fp8 = 0.0  # fp8 (version 2): weight copies and scaling state; GEMM inputs saved in fp8
+        te_fp8 = precision == "fp8" and conv == "megatron"  # torchao's float8 caches no weight copies (memory.py)
         if precision == "fp8":
             per_mb -= (z - a - k) * fp8_act_saving(model, seq, b, tp, sp)
-            fp8 = fp8_extra_state_bytes(model, _stage_params_cached(model, a, z, False, False, num_stages, tp, ep, etp),
-                                        a, z, ep)
+        gemm_params = 0.0  # fp8_params: the blocks' weights kept in fp8 only, their 16-bit copy dropped
+        if te_fp8:
+            block_params = _stage_params_cached(model, a, z, False, False, num_stages, tp, ep, etp)
+            fp8 = fp8_extra_state_bytes(model, block_params, a, z, ep)
+            gemm_params = block_params if fp8_params else 0.0
         activations = per_mb * in_flight_mbs
+        # transients peak at two different moments (memory.py, "two phases"): a block's backward (its
+        # recomputed activations, workspace, gathered parameters) and, on the last stage, the loss (logits)
         transient += block_transient_bytes(model, seq, b, tp, precision, cal)
-        if last:
-            transient += head_transient_bytes(model, seq, b, tp, cal, precision, conv)
+        head = head_transient_bytes(model, seq, b, tp, cal, precision, conv, loss) if last else 0.0
         fixed = cal.fp32_overhead_bytes if precision == "fp32" else cal.mixed_overhead_bytes
         if zero_level >= 3 and zero_shards > 1 and num_stages > 1 and precision != "fp32":
             # FSDP inside a pipeline (torchtitan): a stage's parameters are gathered once per iteration and kept
             # (no reshard after forward), gradients accumulate unsharded over the micro-batches (fp32, the
             # reduce dtype) and are reduce-scattered after the last one; the fp32 state stays sharded
-            weights = opt_params * cal.fsdp_weight + params * ab + fp8
-            grads = opt_params * cal.fsdp_grad + params * cal.fsdp_pipeline_grad_bytes
-            optim = opt_params * cal.fsdp_optimizer
+            weights = opt_params * fsdp_w + (params - gemm_params) * ab + fp8
+            grads = opt_params * fsdp_g + params * cal.fsdp_pipeline_grad_bytes
+            optim = opt_params * fsdp_o
         elif zero_level >= 3 and zero_shards > 1:  # FSDP: everything sharded; gathered 16-bit blocks as workspace
             block = max((_stage_params_cached(model, i, i + 1, False, False, num_stages, tp, ep, etp)
                          for i in range(a, z)), default=0.0)
-            gathered = block * (cal.fsdp_gathered_blocks * (ab + (FP8_WEIGHT_COPY_BYTES if precision == "fp8" else 0.0))
+            gathered = block * (cal.fsdp_gathered_blocks * ((0.0 if fp8_params else ab)
+                                                            + (FP8_WEIGHT_COPY_BYTES if te_fp8 else 0.0))
                                 + cal.fsdp_unsharded_grad_bytes)
-            if last:  # the output layer is gathered while the loss runs
-                gathered += model.head_params(tp) / tp * ab
+            if last:  # the output layer, and the last block kept for its backward, gathered while the loss runs
+                head += (model.head_params(tp) / tp + block) * ab
             transient += gathered
             if precision == "fp32":
                 weights, grads, optim = opt_params * w, opt_params * g, opt_params * o
             else:
-                weights, grads, optim = opt_params * cal.fsdp_weight, opt_params * cal.fsdp_grad, opt_params * cal.fsdp_optimizer
+                weights, grads, optim = opt_params * fsdp_w, opt_params * fsdp_g, opt_params * fsdp_o
             weights += fp8 * (opt_params / params if params else 0.0)  # the shard's copies; the gathered blocks' above
         elif zero_level >= 2 and zero_shards > 1:  # ZeRO-2: main gradients sharded like the optimizer state, plus
-            transient += min(params, MEGATRON_BUCKET_PARAMS) * g  # one bucket of full gradients being reduced
-            weights, grads, optim = params * w + fp8, opt_params * g, opt_params * o
+            bucket = min(params, MEGATRON_BUCKET_PARAMS) * g  # one bucket of full gradients being reduced,
+            transient += bucket  # filled from the output layer's backward on: alive in both phases
+            head += bucket if last else 0.0
+            weights, grads, optim = (params - gemm_params) * w + fp8, opt_params * g, opt_params * o
         else:
-            weights, grads, optim = params * w + fp8, params * g, opt_params * o
-        overhead = fixed + cal.allocator_reserve * (activations + transient)
-        return MemoryBreakdown(weights, grads, optim, activations, transient, overhead)
+            weights, grads, optim = (params - gemm_params) * w + fp8, params * g, opt_params * o
+        peak = peak_transient(transient, head)
+        overhead = fixed + cal.allocator_reserve * (activations + peak)
+        return MemoryBreakdown(weights, grads, optim, activations, peak, overhead, transient + head - peak)
 
     def _memory(self, model: ModelSpec, plan: Plan, st: Stage, s: int, S: int, m: int, mbs: int,
                 zero_shards: int, replicated: bool) -> MemoryBreakdown:
@@ -363,7 +392,15 @@ class CostModel(SyncMixin, PipelineMixin):
                                  in_flight(s, S, m, plan.schedule), plan.precision, plan.sequence_length,
                                  zero_shards if plan.zero_stage >= 1 else 1, replicated, st.recompute,
                                  st.recompute_layers, st.sequence_parallel, plan.zero_stage, expert_tp(st),
-                                 plan.framework, plan.grad_reduce_in_fp32 is not False)
+                                 plan.framework, plan.grad_reduce_in_fp32 is not False, st.recompute_modules,
+                                 self.memory_options(plan))
+
+    @staticmethod
+    def memory_options(plan: Plan) -> tuple:
+        """The plan's optional memory settings as :meth:`stage_memory` takes them (empty when none is set, so
+        that a plan without them is priced and cached exactly as before they existed)."""
+        opts = (plan.fp8_params, plan.master_weights, plan.optimizer_state_dtype, plan.loss)
+        return () if opts == (False, None, None, None) else opts
 
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
@@ -373,7 +410,8 @@ class CostModel(SyncMixin, PipelineMixin):
         if hit is not None:  # the entry holds those stages alive, so equal ids are the same (frozen) stages
             return hit[1]
         key = (tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute, st.recompute_layers,
-                      st.sequence_parallel, expert_tp(st), st.cp) for st in p.stages), p.virtual_stages)
+                      st.sequence_parallel, expert_tp(st), st.cp, st.recompute_modules) for st in p.stages),
+               p.virtual_stages)
         sig = self._pipe_sigs.get(key)
         if sig is None:
             sig = self._pipe_sigs[key] = self._new_pipeline_signature(p)
@@ -389,7 +427,7 @@ class CostModel(SyncMixin, PipelineMixin):
         for st in p.stages:
             ids = tuple(local.setdefault(dev_node[d], len(local)) for d in st.devices)
             parts.append((st.layers, st.tp, st.dp_size, st.ep, st.recompute, st.recompute_layers,
-                          st.sequence_parallel, ids, expert_tp(st), st.cp))
+                          st.sequence_parallel, ids, expert_tp(st), st.cp, st.recompute_modules))
         return tuple(parts), tuple(self._node_class[n] for n in local), p.virtual_stages
 
     # ---- the estimate ---------------------------------------------------------------------------
@@ -424,7 +462,8 @@ class CostModel(SyncMixin, PipelineMixin):
             reps = replicas[pi]
             key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
                    plan.sequence_length, plan.zero_stage,
-                   (stage_sync[pi], plan.overlap_param_gather, plan.overlap_grad_reduce) if z3 else None)
+                   (stage_sync[pi], plan.overlap_param_gather, plan.overlap_grad_reduce) if z3 else None,
+                   plan.framework, plan.grad_reduce_in_fp32, self.memory_options(plan))
             if key not in shapes:
                 shapes.add(key)
                 self.estimated_cells += S * min(p.micro_batches, 4 * S + 64)
@@ -472,7 +511,9 @@ class CostModel(SyncMixin, PipelineMixin):
         tokens = gbs * plan.sequence_length
         flops = self._dev_flops.get(prec)
         if flops is None:
-            flops = self._dev_flops[prec] = {d: dev.gpu.peak_flops(prec) for d, dev in devs.items()}
+            # an fp8 plan runs only on GPUs with an FP8 rate; the others' figure (bf16) is never read for it
+            flops = self._dev_flops[prec] = {d: dev.gpu.peak_flops(prec if prec != "fp8" or dev.gpu.fp8_tflops
+                                                                    else "bf16") for d, dev in devs.items()}
         return Estimate(
             iteration_time_s=iteration, samples_per_s=gbs / iteration, tokens_per_s=tokens / iteration,
             max_memory_bytes=max_mem, fits=fits, breakdown=breakdown, parts=parts,

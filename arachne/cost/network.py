@@ -12,9 +12,11 @@ Collectives (docs/cost-model.md, "Network", with the measurements each term is c
 - all-reduce: NCCL's ring over all members, intra- and inter-node hops pipelined, so the slowest hop sets the
   pace: ``2(n-1)/n x size / min(intra, NIC share)``. On one NVSwitch board of Hopper/Blackwell GPUs, NVLink
   SHARP when faster; on two nodes, NCCL's tree when faster (it crosses the NICs with the buffer once).
-- all-gather / reduce-scatter: the ring, ``(n-1)/n x size / min(intra, NIC share)``.
+- all-gather / reduce-scatter: one ring phase, ``(n-1)/n x size / min(intra, NIC share)``. NCCL keeps the ring
+  for bandwidth: NVLS sends the whole size one way (``size / intra``), slower (priced when pinned).
 - all-to-all: each member's off-node bytes at one NIC's share (NCCL does not aggregate NICs for it), its
-  on-node bytes over the intra-node link at the same time.
+  on-node bytes over the intra-node link at the same time, at NCCL's p2p share of it.
+- send/recv: one link, at NCCL's p2p share of the intra-node bandwidth inside a node, one NIC's share across.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class NodeRates:
     per_flow: float  # one NIC's share of that
     intra: float     # per-GPU ring bandwidth inside the node (Node.intra_node_bw)
     nvls: float      # NVLink SHARP all-reduce algbw; 0 where the board has none
+    p2p: float       # per-GPU send/recv (and all-to-all) bandwidth inside the node: NCCL's p2p share of ``intra``
 
 
 def nic_efficiency(cal: NetworkCalibration, network: str | None) -> float:
@@ -61,8 +64,16 @@ def node_rates(node: Node, cal: NetworkCalibration) -> NodeRates:
     if (gpu.generation in cal.nvls_generations and gpu.intra_node_link == "nvlink"
             and gpu.gpus_per_node >= cal.nvls_min_board_gpus):
         line = (node.intra_node_gbps or gpu.intra_node_gbps) / 2 * GB  # per direction
-        nvls = cal.nvls_algbw_over_line * line
-    return NodeRates(node.inter_node_bw * eff, node.per_flow_bw * eff, node.intra_node_bw, nvls)
+        nvls = cal.nvls_algbw_over_line * line * nvls_generation_scale(cal, gpu.generation)
+    return NodeRates(node.inter_node_bw * eff, node.per_flow_bw * eff, node.intra_node_bw, nvls,
+                     node.intra_node_bw * cal.p2p_intra_share)
+
+
+def nvls_generation_scale(cal: NetworkCalibration, generation: str) -> float:
+    """NVLS bandwidth of a generation relative to Hopper's (whose figure ``nvls_algbw_over_line`` is), from NCCL's
+    own per-architecture NVLS efficiencies; 1 for a generation it does not list."""
+    eff = dict(cal.nvls_efficiency)
+    return eff[generation] / eff["hopper"] if generation in eff and eff.get("hopper") else 1.0
 
 
 class Network:
@@ -77,7 +88,12 @@ class Network:
         return self.cluster.devices[device].node
 
     def intra_link(self, node: Node) -> Link:
+        """The node's intra-node link at the ring collectives' bandwidth."""
         return Link(node.intra_node_bw, self.cal.intra_node_latency_s)
+
+    def p2p_intra_link(self, node: Node) -> Link:
+        """The node's intra-node link as NCCL's send/recv reaches it (its p2p channels)."""
+        return Link(self.rates[node.name].p2p, self.cal.intra_node_latency_s)
 
     def inter_link(self, a: Node, b: Node, flows: int = 1) -> Link:
         """``flows`` parallel flows between nodes a and b, as one aggregate link."""
@@ -99,7 +115,7 @@ class Network:
         for (an, bn), k in per_node_pair.items():
             a, b = self.cluster.node_by_name[an], self.cluster.node_by_name[bn]
             if an == bn:
-                t = self.intra_link(a).time(share)
+                t = self.p2p_intra_link(a).time(share)
             else:
                 t = self.inter_link(a, b, k).time(share * k)
             worst = max(worst, t)
@@ -153,19 +169,26 @@ class Network:
             t = min(t, nbytes / min(chain, self._node_bw(nodes, concurrent)) + lat)
         return t
 
-    def all_gather_time(self, devices, nbytes: float, concurrent: int = 1) -> float:
-        """Ring all-gather whose result is ``nbytes`` on each member (nccl-tests ``size``)."""
-        return self._half_ring(devices, nbytes, concurrent)
+    def all_gather_time(self, devices, nbytes: float, concurrent: int = 1, algorithm: str | None = None) -> float:
+        """Ring all-gather whose result is ``nbytes`` on each member (nccl-tests ``size``); ``algorithm="nvls"``
+        prices NVLink SHARP (``NCCL_ALGO=NVLS``) where the board has it."""
+        return self._half_ring(devices, nbytes, concurrent, algorithm)
 
-    def reduce_scatter_time(self, devices, nbytes: float, concurrent: int = 1) -> float:
+    def reduce_scatter_time(self, devices, nbytes: float, concurrent: int = 1, algorithm: str | None = None) -> float:
         """Ring reduce-scatter of ``nbytes`` on each member (nccl-tests ``size``) into ``1/n`` shards."""
-        return self._half_ring(devices, nbytes, concurrent)
+        return self._half_ring(devices, nbytes, concurrent, algorithm)
 
-    def _half_ring(self, devices, nbytes: float, concurrent: int) -> float:
+    def _half_ring(self, devices, nbytes: float, concurrent: int, algorithm: str | None = None) -> float:
+        """One ring phase: ``(n-1)/n`` of the buffer through every member's slowest hop. NVLS (only when pinned,
+        one NVLS board): the multicast moves the whole buffer one way and ``1/n`` of it the other, so the full
+        size crosses each GPU's NVLink (S. Jeaugey, NVIDIA/nccl#1083, #1506): slower than the ring, which is why
+        NCCL keeps the ring for these two."""
         n = len(devices)
         if n <= 1 or nbytes <= 0:
             return 0.0
         nodes = Counter(self.node_of(d).name for d in devices)
+        if algorithm == "nvls" and len(nodes) == 1 and self.rates[next(iter(nodes))].nvls:
+            return nbytes / self.rates[next(iter(nodes))].intra + self._ring_latency(2, 0)
         return (n - 1) / n * nbytes / self._ring_bw(nodes, concurrent) + self._ring_latency(n - 1, len(nodes) - 1)
 
     def _ring_latency(self, steps: int, inter_steps: int) -> float:
@@ -183,7 +206,7 @@ class Network:
             return 0.0
         nodes = Counter(self.node_of(d).name for d in devices)
         k = max(nodes.values())
-        intra_bw = min(self.rates[name].intra for name in nodes)
+        intra_bw = min(self.rates[name].p2p for name in nodes)  # NCCL runs all-to-all on its p2p channels
         t_intra = nbytes * (k - 1) / n / intra_bw
         lat = (n - 1) * (self.cal.intra_node_latency_s if len(nodes) == 1 else self.cal.inter_node_latency_s)
         if len(nodes) == 1:

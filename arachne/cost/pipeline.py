@@ -123,7 +123,8 @@ class PipelineMixin:
                                    plan.precision, plan.sequence_length,
                                    D if plan.zero_stage >= 1 else 1, D > 1, st.recompute, ks[c] if st.recompute is True
                                    else None, st.sequence_parallel, plan.zero_stage, expert_tp(st), plan.framework,
-                                   plan.grad_reduce_in_fp32 is not False)
+                                   plan.grad_reduce_in_fp32 is not False, st.recompute_modules,
+                                   self.memory_options(plan))
                  for c, rng in enumerate(st.ranges)]
         cal = self.cal.memory
         acts = sum(x.activations for x in parts)
@@ -131,7 +132,8 @@ class PipelineMixin:
         fixed = cal.fp32_overhead_bytes if plan.precision == "fp32" else cal.mixed_overhead_bytes
         return MemoryBreakdown(sum(x.weights for x in parts), sum(x.gradients for x in parts),
                                sum(x.optimizer for x in parts), acts, transient,
-                               fixed + cal.allocator_reserve * (acts + transient))
+                               fixed + cal.allocator_reserve * (acts + transient),
+                               max(x.transient + x.cached for x in parts) - transient)
 
     def _exposed_sync(self, model: ModelSpec, plan: Plan, p, rows, times: tuple[float, ...]) -> float:
         """The slowest stage's gradient sync left exposed by ``overlap_grad_reduce``/``overlap_param_gather``

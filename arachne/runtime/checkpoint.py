@@ -15,6 +15,13 @@ A step is published only once complete: its files are written (and synced) in
 ``D/.staging-step-N``, renamed to ``D/step-N``, and then ``D/latest`` is replaced atomically. A run
 stopped at any moment leaves the previous ``latest`` loadable. The run writing ``D`` holds an
 exclusive lock on ``D/.lock`` (:func:`locked`), which also clears what a stopped run left half-written.
+
+Node-local copies (elastic runs, :mod:`arachne.runtime.state_move`): with each save, every rank also
+keeps everything it holds (all its pieces, with ``"writer"`` marking those the step's files took) in
+storage of its own node, ``D/.local/NODE/gpu-I/step-N.pt`` (``{"save_id", "step", "pieces"}``; written
+to a temporary name and renamed). This directory stands for a node's host memory or local disk, which
+outlives a worker process but not its node: only that device's own process reads or removes it
+(:func:`load_local`, :func:`prune_local`).
 """
 
 from __future__ import annotations
@@ -115,6 +122,51 @@ def _sync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+LOCAL = ".local"
+
+
+def local_dir(root: Path, device: str) -> Path:
+    """The node-local directory of ``device`` (``node:index``)."""
+    node, index = device.rsplit(":", 1)
+    return root / LOCAL / node / f"gpu-{int(index)}"
+
+
+def save_local(root: Path, device: str, step: int, save_id: str, pieces: dict[str, list[dict[str, Any]]]) -> Path:
+    """Keep ``device``'s pieces of step ``step`` in its node-local directory (atomically replaced)."""
+    d = local_dir(root, device)
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / f"step-{step:06d}.pt"
+    tmp = d / f".tmp-{out.name}"
+    torch.save({"save_id": save_id, "step": step, "pieces": pieces}, tmp)
+    tmp.replace(out)
+    return out
+
+
+def load_local(root: Path, device: str, step: int, save_id: str) -> dict[str, list[dict[str, Any]]] | None:
+    """``device``'s own pieces of the save ``save_id`` (step ``step``), or None when it keeps none."""
+    f = local_dir(root, device) / f"step-{step:06d}.pt"
+    if not f.is_file():
+        return None
+    try:
+        doc = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+    except (OSError, RuntimeError, EOFError):  # unreadable: as if absent (the restore then reloads)
+        return None
+    return doc["pieces"] if doc.get("save_id") == save_id and doc.get("step") == step else None
+
+
+def prune_local(root: Path, device: str, keep_from: int | None) -> None:
+    """Remove ``device``'s node-local copies of steps before ``keep_from`` (the newest complete step; None:
+    keep all) and what a killed write left behind."""
+    d = local_dir(root, device)
+    for f in d.glob(".tmp-*"):
+        f.unlink(missing_ok=True)
+    if keep_from is None:
+        return
+    for f in d.glob("step-*.pt"):
+        if int(f.stem.split("-")[1]) < keep_from:
+            f.unlink(missing_ok=True)
 
 
 LOCK_FILE = ".lock"

@@ -8,8 +8,10 @@ Each (re)start of the workers (a new rendezvous round of ``torch.distributed.ela
 2. plan (rank 0): a join the job already decided to take (at a step boundary) brings its plan; any
    other change is re-planned with :func:`arachne.dynamic.replan.replan` (the previous plan when it
    still runs and nothing is faster); rank 0 broadcasts the plan and the event it reports;
-3. restore: the plan's devices form a new process group and load the newest complete checkpoint
-   re-sharded onto the plan; devices the plan does not use stay idle until the job ends;
+3. restore: the newest complete checkpoint, re-sharded onto the plan, either moved from the node-local
+   copies of the round's members over the round's group (``migrate``, :mod:`arachne.runtime.state_move`)
+   or loaded from the checkpoint's files (``reload``), whichever is estimated cheaper and possible; the
+   plan's devices then form a new process group; devices the plan does not use stay idle until the end;
 4. train until the last step or a membership change: a worker's death fails the round's collectives
    (the agent restarts its workers; the others follow at the next rendezvous); a new node asking to
    join is judged at the next step boundary (:func:`judge_join`): taken (checkpoint, admit it, wait
@@ -29,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ from arachne.errors import NoFeasiblePlanError
 from arachne.plan import Plan, plan_from_dict
 from arachne.planners.protocol import SearchBudget
 from arachne.runtime import checkpoint as ckpt
+from arachne.runtime import state_move
 from arachne.runtime.engine import Worker, WorkerConfig, one_line
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.model import ModelSpec
@@ -120,10 +124,28 @@ def restore_costs(res: Any, store: Store, survives: bool = True) -> dict[str, An
     size = store.get("state/ckpt_bytes")
     reload_s = float(size) / float(rate) if size and rate else None
     if migrate_s is None:
-        choice = "reload"
+        choice, why = "reload", "state lost: some layer was held only on devices that left"
+    elif reload_s is None or migrate_s < reload_s:
+        choice, why = "migrate", "moving state is estimated faster"
     else:
-        choice = "migrate" if reload_s is None or migrate_s < reload_s else "reload"
-    return {"restore": choice, "migrate_s_est": migrate_s, "reload_s_est": reload_s}
+        choice, why = "reload", "reloading is estimated faster"
+    return {"restore": choice, "restore_reason": why, "migrate_s_est": migrate_s, "reload_s_est": reload_s}
+
+
+def exact_restore(costs: dict[str, Any], doc: dict[str, Any], model: ModelSpec,
+                  holders: list[tuple[str, list[state_move.Held]]], step: int | None) -> dict[str, Any]:
+    """The restore choice made exact for the step restored: ``migrate`` (with its moves) only when every
+    piece the plan ``doc`` needs of step ``step`` is held by a member of the round, else a reload."""
+    if step is None:
+        return {**costs, "restore": "none", "restore_reason": "no complete checkpoint: training restarts at step 0"}
+    if costs["restore"] != "migrate":
+        return costs
+    t0 = time.perf_counter()
+    plan = plan_from_dict(doc, "plan")
+    moves, why = state_move.plan_moves(holders, plan, model, state_move.state_keys(plan, step))
+    if moves is None:
+        return {**costs, "restore": "reload", "restore_reason": f"cannot move step {step}: {why}"}
+    return {**costs, "moves": moves, "move_plan_s": time.perf_counter() - t0}
 
 
 def judge_join(store: Store, cfg: dict[str, Any], plan: Plan, members: list[str], node: str,
@@ -161,10 +183,12 @@ def _event(kind: str, reason: str, **fields: Any) -> dict[str, Any]:
     return {"event": kind, "reason": reason, **fields}
 
 
-def decide_round(store: Store, cfg: dict[str, Any], members: list[str], t_known: float,
-                 t_started: float) -> dict[str, Any]:
+def decide_round(store: Store, cfg: dict[str, Any], members: list[str], t_known: float, t_started: float,
+                 holders: list[tuple[str, list[state_move.Held]]] | None = None,
+                 step: int | None = None) -> dict[str, Any]:
     """Rank 0 at the start of a round: the plan for ``members`` and the event to report. ``t_started``: when
-    this worker process started (the rendezvous round was complete), ``t_known``: when the membership was."""
+    this worker process started (the rendezvous round was complete), ``t_known``: when the membership was;
+    ``holders``: per rank of the round, its device and what its node-local copy of ``step`` holds."""
     model = ModelSpec(**cfg["model"])
     before: list[str] | None = store.get("state/members")
     old_doc = store.get("state/plan", cfg["plan"])
@@ -181,8 +205,8 @@ def decide_round(store: Store, cfg: dict[str, Any], members: list[str], t_known:
         ev = _event("replan", pending["reason"], lost=lost, joined=joined, plan_s=pending["plan_s"],
                     detect_s=max(0.0, t_known - t_fault), old_tokens_per_s=pending["old_tokens_per_s"],
                     new_tokens_per_s=pending["new_tokens_per_s"], break_even_steps=pending["break_even_steps"],
-                    restore=pending["restore"], migrate_s_est=pending["migrate_s_est"],
-                    reload_s_est=pending["reload_s_est"])
+                    **exact_restore({k: pending[k] for k in ("restore", "restore_reason", "migrate_s_est",
+                                                             "reload_s_est")}, doc, model, holders or [], step))
     else:
         if pending is not None:
             store.delete("state/pending")
@@ -199,12 +223,13 @@ def decide_round(store: Store, cfg: dict[str, Any], members: list[str], t_known:
         if before is None:
             kind, reason = "start", "first rendezvous"
             costs: dict[str, Any] = {"restore": "reload" if ckpt.latest(Path(cfg["checkpoint_dir"])) else "none",
-                                     "migrate_s_est": None, "reload_s_est": None}
+                                     "restore_reason": None, "migrate_s_est": None, "reload_s_est": None}
         else:
             kind = "keep" if res.kept_old else "replan"
             reason = (f"{what}: the running plan still runs and nothing planned is faster" if res.kept_old
                       else f"{what}: " + (res.old_problem or "a faster plan"))
-            costs = restore_costs(res, store, state_survives(plan_from_dict(old_doc, "plan"), lost))
+            costs = exact_restore(restore_costs(res, store, state_survives(plan_from_dict(old_doc, "plan"), lost)),
+                                  doc, model, holders or [], step)
         ev = _event(kind, reason, lost=lost, joined=joined, plan_s=plan_s, detect_s=detect_s,
                     old_tokens_per_s=res.old_estimate.tokens_per_s if res.old_estimate else None,
                     new_tokens_per_s=res.estimate.tokens_per_s, **costs)
@@ -217,7 +242,9 @@ def decide_round(store: Store, cfg: dict[str, Any], members: list[str], t_known:
     if ev.get("detect_s") is not None:  # its parts: agents noticing and re-rendezvousing; workers starting
         ev["rendezvous_s"] = max(0.0, t_started - t_fault)
         ev["connect_s"] = t_known - t_started
-    return {"plan": doc, "event": ev, "round": store.add("round", 1)}
+    moves = ev.pop("moves", None)
+    return {"plan": doc, "event": ev, "round": store.add("round", 1), "moves": moves, "step": step,
+            "save_tag": uuid.uuid4().hex[:12]}
 
 
 def worker_entry(host: str, port: int, node: str) -> None:
@@ -238,22 +265,29 @@ def worker_entry(host: str, port: int, node: str) -> None:
 def _worker(host: str, port: int, node: str, t_started: float) -> None:
     store = Store(host, port)
     cfg = store.get("cfg")
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)  # the agent chose GLOO_SOCKET_IFNAME (loopback for simulated nodes)
     timeout = datetime.timedelta(seconds=cfg["timeout_s"])
     dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     me = f"{node}:{int(os.environ['LOCAL_RANK'])}"
+    local = state_move.open_local(Path(cfg["checkpoint_dir"]), me)  # what this device kept of the newest step
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, me)
-    members = sorted(gathered)
+    dist.all_gather_object(gathered, (me, local.manifest))
+    members = sorted(d for d, _ in gathered)
     box: list[Any] = [None]
     if rank == 0:
-        box[0] = decide_round(store, cfg, members, time.time(), t_started)
+        box[0] = decide_round(store, cfg, members, time.time(), t_started, gathered, local.step)
         if "error" in box[0]:
             store.set("failed", box[0]["error"])
     dist.broadcast_object_list(box, 0)
     decision = box[0]
+    t_decided = time.perf_counter()
+    moved = None
+    if "error" not in decision and decision["moves"] is not None:  # every member serves its pieces
+        plan = plan_from_dict(decision["plan"], "plan")
+        specs = state_move.targets(plan, ModelSpec(**cfg["model"])).get(me, [])
+        moved = state_move.execute(decision["moves"], rank, local.flat, specs,
+                                   state_move.state_keys(plan, decision["step"]))
     dist.destroy_process_group()
     if "error" in decision:
         raise SystemExit(3)
@@ -261,7 +295,7 @@ def _worker(host: str, port: int, node: str, t_started: float) -> None:
     if me not in plan.devices:
         _idle(store, members, decision["round"])
         return
-    _train(store, cfg, plan, decision, me, members)
+    _train(store, cfg, plan, decision, me, members, moved, t_decided)
 
 
 def _idle(store: Store, members: list[str], rnd: int) -> None:
@@ -280,54 +314,79 @@ def _check_round(store: Store, rnd: int) -> None:
         raise RuntimeError("a newer rendezvous round started without this node; rejoining")
 
 
+_SEEN: dict[str, tuple[Any, float]] = {}  # node -> (its last ``alive`` value, when it changed on this clock)
+
+
 def _gone(store: Store, members: list[str]) -> str | None:
-    """A member node whose agent has not refreshed its ``alive`` key for :data:`ALIVE_STALE_S`."""
-    now = time.time()
+    """A member node whose agent has not refreshed its ``alive`` key for :data:`ALIVE_STALE_S`, timed on this
+    process's own clock from when the value last changed (the value is another machine's clock: never
+    compared with this one, so clock skew between nodes cannot make a live node look gone)."""
+    now = time.monotonic()
     for node in sorted({d.split(":")[0] for d in members}):
-        if now - float(store.get(f"alive/{node}", now)) > ALIVE_STALE_S:
+        beat = store.get(f"alive/{node}")
+        if beat is None:
+            continue
+        seen = _SEEN.get(node)
+        if seen is None or seen[0] != beat:
+            _SEEN[node] = (beat, now)
+        elif now - seen[1] > ALIVE_STALE_S:
             return node
     return None
 
 
-def _train(store: Store, cfg: dict[str, Any], plan: Plan, decision: dict[str, Any], me: str,
-           members: list[str]) -> None:
+def _train(store: Store, cfg: dict[str, Any], plan: Plan, decision: dict[str, Any], me: str, members: list[str],
+           moved: tuple[dict[Any, Any], int] | None, t_decided: float) -> None:
+    """Restore (``moved``: the state :func:`state_move.execute` gave this device, else the checkpoint's files)
+    and train; ``t_decided``: when the decision arrived (the restore's start)."""
     order = list(plan.devices)
     rank = order.index(me)
     ev = decision["event"]
-    t_plan = time.time()
     root = Path(cfg["checkpoint_dir"])
     if rank == 0:
         ckpt.clear_partial(root)  # what a killed round left half-written (every old worker is gone)
+    use_cuda = cfg.get("devices") == "auto" and torch.cuda.is_available()
+    if use_cuda:  # a real node: each worker trains on its own GPU (the plan's device index on its node)
+        torch.cuda.set_device(int(me.split(":")[1]) % torch.cuda.device_count())
     wcfg = WorkerConfig(plan=decision["plan"], model=cfg["model"], order=order, seed=cfg["seed"], lr=cfg["lr"],
-                        timeout_s=cfg["timeout_s"], checkpoint_dir=str(root))
+                        timeout_s=cfg["timeout_s"], checkpoint_dir=str(root), backend="nccl" if use_cuda else "gloo",
+                        cuda_index=[int(d.split(":")[1]) % torch.cuda.device_count() for d in order]
+                        if use_cuda else None)
     latest = ckpt.latest(root)
     if latest is not None:
         meta = ckpt.read_meta(latest)
         wcfg.resume_from, wcfg.start_step, wcfg.start_sample = str(latest), int(meta["step"]), int(meta["samples"])
         wcfg.extra["losses"] = list(meta.get("losses", []))
+        if moved is not None:  # the state arrived from the members: build from the seed, then overwrite
+            if wcfg.start_step != decision["step"]:
+                raise RuntimeError(f"moved step {decision['step']} but the newest checkpoint is {wcfg.start_step}")
+            wcfg.resume_from = None
     prefix = dist.PrefixStore(f"{PREFIX}train/{decision['round']}", store.raw)
-    dist.init_process_group("gloo", store=prefix, rank=rank, world_size=len(order),
+    dist.init_process_group(wcfg.backend, store=prefix, rank=rank, world_size=len(order),
                             timeout=datetime.timedelta(seconds=cfg["timeout_s"]))
     out: list[dict[str, Any]] = []
     w = Worker(rank, wcfg, out.append)
     w._setup_groups()
     w.build()
-    dist.barrier()
-    restore_s = time.time() - t_plan
+    got = torch.tensor([0.0], dtype=torch.float64, device=w.device)
+    if moved is not None:
+        state_move.apply_state(w, moved[0], wcfg.start_step)
+        got[0] = moved[1]
+    dist.all_reduce(got)
+    restore_s = time.perf_counter() - t_decided + ev.pop("move_plan_s", 0.0)
     if rank == 0:
-        ev.update(restore_s=restore_s, resumed_from_step=wcfg.start_step)
+        ev.update(restore_s=restore_s, resumed_from_step=wcfg.start_step, moved_bytes=int(got[0]))
         t_fault = ev.pop("t_fault")
         if ev["event"] != "start":
             store.set("state/last_downtime_s", time.time() - t_fault)
         store.emit(ev)
-    _loop(store, cfg, w, plan, members, decision["round"])
+    _loop(store, cfg, w, plan, members, decision["round"], decision["save_tag"])
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: list[str], rnd: int) -> None:
+def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: list[str], rnd: int, tag: str) -> None:
     wcfg, rank = w.cfg, w.rank
-    saver = AsyncSaver(cfg["store_host"], cfg["store_port"], w, rnd)
+    saver = AsyncSaver(cfg["store_host"], cfg["store_port"], w, rnd, tag)
     world = len(wcfg.order)
     samples, step = wcfg.start_sample, wcfg.start_step
     losses: list[float] = list(wcfg.extra.get("losses", []))
@@ -355,7 +414,7 @@ def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: lis
         loss_sum = w.step(samples)
         if (pace := cfg["min_step_s"] - (time.perf_counter() - t0)) > 0:  # simulated slower devices
             time.sleep(pace)
-        total = torch.tensor([loss_sum, time.perf_counter() - t0], dtype=torch.float64)
+        total = torch.tensor([loss_sum, time.perf_counter() - t0], dtype=torch.float64, device=w.device)
         if world > 1:
             dt = total[1:].clone()
             dist.all_reduce(total[:1])
@@ -380,24 +439,25 @@ def _loop(store: Store, cfg: dict[str, Any], w: Worker, plan: Plan, members: lis
 
 
 class AsyncSaver:
-    """Checkpoints written in the background: each rank copies its pieces (on the training thread), then a
-    thread writes them and marks them done in the store; rank 0's thread waits for every rank's mark and
-    assembles the step (published atomically, so a round killed meanwhile leaves the previous one latest).
+    """Checkpoints written in the background: each rank copies what it holds (on the training thread), then a
+    thread writes its share of the checkpoint and marks it done in the store; rank 0's thread waits for every
+    rank's mark and assembles the step (published atomically, so a round killed meanwhile leaves the previous
+    one latest). Each thread then keeps its rank's node-local copy (:func:`ckpt.save_local`) for a direct move.
     One save at a time: the next one, a join and the end of training wait for it (:meth:`wait`)."""
 
-    def __init__(self, host: str, port: int, w: Worker, rnd: int):
-        self.host, self.port, self.w, self.rnd = host, port, w, rnd
+    def __init__(self, host: str, port: int, w: Worker, rnd: int, tag: str):
+        self.host, self.port, self.w, self.rnd, self.tag = host, port, w, rnd, tag
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
     def save(self, step: int, samples: int, losses: list[float]) -> None:
         self.wait()
         w = self.w
+        writes = set(w.layout.checkpoint_writers.get(w.rank, []))
         pieces: dict[str, list[dict[str, Any]]] = {}
-        for spec in w.layout.checkpoint_writers.get(w.rank, []):
-            p = w.by_spec[spec]
+        for spec, p in w.entries:
             piece: dict[str, Any] = {"dim": spec.dim, "start": spec.start, "stop": spec.stop,
-                                     "param": p.detach().cpu().clone()}
+                                     "writer": spec in writes, "param": p.detach().cpu().clone()}
             st = w.opt.state.get(p, {})
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in st:
@@ -405,7 +465,7 @@ class AsyncSaver:
             pieces.setdefault(spec.name, []).append(piece)
         meta = {"format": ckpt.CHECKPOINT_FORMAT, "step": step, "samples": samples, "seed": w.cfg.seed,
                 "lr": w.cfg.lr, "optimizer": w.plan.optimizer, "model": w.cfg.model, "plan": w.cfg.plan,
-                "losses": list(losses)}
+                "losses": list(losses), "save_id": f"{self.tag}-{step}"}
         self.thread = threading.Thread(target=self._write, args=(step, pieces, meta), name="arachne-ckpt",
                                        daemon=True)
         self.thread.start()
@@ -415,18 +475,22 @@ class AsyncSaver:
             w, root = self.w, Path(self.w.cfg.checkpoint_dir or ".")
             store = Store(self.host, self.port, self.w.cfg.timeout_s)  # its own connection
             t0 = time.perf_counter()
-            if pieces:
-                ckpt.save_pieces(root, step, w.rank, pieces)
+            shared = {n: kept for n, ps in pieces.items() if (kept := [p for p in ps if p["writer"]])}
+            if shared:
+                ckpt.save_pieces(root, step, w.rank, shared)
             store.set(f"ckpt/{self.rnd}/{step}/{w.rank}", 1)
-            if w.rank != 0:
-                return
-            keys = [f"{PREFIX}ckpt/{self.rnd}/{step}/{r}" for r in range(w.layout.world_size)]
-            store.raw.wait(keys, datetime.timedelta(seconds=w.cfg.timeout_s))
-            shapes = {name: hs[0][1].shape for name, hs in w.layout.holders.items()}
-            path = ckpt.assemble(root, step, shapes, meta)
-            size = sum(f.stat().st_size for f in path.glob("*.pt"))
-            store.set("state/ckpt_bytes", size)
-            store.set("state/ckpt_rate", size / max(1e-6, time.perf_counter() - t0))
+            if w.rank == 0:
+                keys = [f"{PREFIX}ckpt/{self.rnd}/{step}/{r}" for r in range(w.layout.world_size)]
+                store.raw.wait(keys, datetime.timedelta(seconds=w.cfg.timeout_s))
+                shapes = {name: hs[0][1].shape for name, hs in w.layout.holders.items()}
+                path = ckpt.assemble(root, step, shapes, meta)
+                size = sum(f.stat().st_size for f in path.glob("*.pt"))
+                store.set("state/ckpt_bytes", size)
+                store.set("state/ckpt_rate", size / max(1e-6, time.perf_counter() - t0))
+            me = w.cfg.order[w.rank]
+            ckpt.save_local(root, me, step, meta["save_id"], pieces)
+            if (done := ckpt.latest(root)) is not None:
+                ckpt.prune_local(root, me, int(ckpt.read_meta(done)["step"]))
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             self.error = exc
 
@@ -458,6 +522,7 @@ def _boundary(store: Store, cfg: dict[str, Any], plan: Plan, members: list[str],
                     "plan_s": verdict["plan_s"], "restore_s": 0.0, "resumed_from_step": None,
                     "old_tokens_per_s": verdict["old_tokens_per_s"], "new_tokens_per_s": verdict["new_tokens_per_s"],
                     "break_even_steps": verdict["break_even_steps"], "restore": verdict["restore"],
+                    "restore_reason": verdict["restore_reason"],
                     "migrate_s_est": verdict["migrate_s_est"], "reload_s_est": verdict["reload_s_est"],
                     "plan_id": plan_id(plan.to_doc()), "world_size": len(plan.devices),
                     "devices": list(plan.devices), "at_step": step})

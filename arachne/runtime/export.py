@@ -181,6 +181,14 @@ def _megatron_v2_args(plan: Plan, ref, model: ModelSpec) -> list[str]:
         a += ["--grad-reduce-in-bf16"]
     if plan.precision == "fp8":
         a += ["--fp8-format", "hybrid"]
+    if plan.fp8_params:  # the optional memory settings (the megatron preset refuses master_weights none)
+        a += ["--fp8-param-gather"]
+    if st0.recompute == "selective" and st0.recompute_modules is not None:
+        a += ["--recompute-modules", *st0.recompute_modules]
+    if plan.optimizer_state_dtype == "bf16":
+        a += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    if plan.loss == "fused":
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     return a
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from arachne.errors import InputError
 
@@ -13,14 +13,22 @@ if TYPE_CHECKING:
 
 MAX_GLOBAL_BATCH_SIZE = 10**9  # sequences per iteration; far above any real job, and keeps planning bounded
 Precision = Literal["bf16", "fp16", "fp32"]
+"""A precision every GPU trains in: the one a plan is built in (fp8 is an option on top of bf16)."""
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+JOB_PRECISIONS: tuple[str, ...] = (*PRECISIONS, "fp8")
+"""What a job may ask for: ``fp8`` lets a plan run FP8 GEMMs (formats v2 section 7) where every GPU serving it
+has an FP8 rate, bf16 elsewhere."""
+FP8_BASE: Precision = "bf16"
+"""The precision of an fp8 job's plans where FP8 is not used (Transformer Engine's FP8 recipe runs on bf16)."""
 
 
-def check_precision(value: str, source: str = "", field: str = "--precision") -> Precision:
-    """``value`` as a :data:`Precision`, or an :class:`InputError` naming ``source`` and ``field``."""
-    if value not in PRECISIONS:
-        raise InputError(source, field, f"expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {value!r}")
-    return value  # type: ignore[return-value]
+def check_precision(value: str, source: str = "", field: str = "--precision", fp8: bool = False) -> str:
+    """``value`` as a precision (:data:`PRECISIONS`, with ``fp8`` also ``fp8``), or an :class:`InputError`
+    naming ``source`` and ``field``."""
+    allowed = JOB_PRECISIONS if fp8 else PRECISIONS
+    if value not in allowed:
+        raise InputError(source, field, f"expected {', '.join(allowed[:-1])} or {allowed[-1]}, got {value!r}")
+    return value
 
 
 def sequence_error(sequence_length: int, model: ModelSpec) -> str | None:
@@ -39,7 +47,31 @@ class Job(BaseModel):
     global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SIZE)
     sequence_length: int = Field(ge=1)
     precision: Precision = "bf16"
+    """The precision plans are built in. ``precision="fp8"`` is read as bf16 with :attr:`fp8` set."""
     optimizer: Literal["adam", "sgd"] = "adam"
+    fp8: bool = False
+    """FP8 GEMMs allowed (the job asked for precision ``fp8``): a planner may give a plan ``precision: fp8``
+    where every GPU of the plan has an FP8 rate; a plan elsewhere stays in bf16. Only with bf16."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fp8_precision(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("precision") == "fp8":
+            if data.get("fp8") is False:
+                raise ValueError("precision fp8 with fp8 false")
+            data = {**data, "precision": FP8_BASE, "fp8": True}
+        return data
+
+    @model_validator(mode="after")
+    def _fp8_on_bf16(self) -> Job:
+        if self.fp8 and self.precision != FP8_BASE:
+            raise ValueError(f"fp8 runs on {FP8_BASE}, not {self.precision}")
+        return self
+
+    @property
+    def requested_precision(self) -> str:
+        """The precision the job asked for: ``fp8`` when FP8 is allowed, else :attr:`precision`."""
+        return "fp8" if self.fp8 else self.precision
 
     @property
     def tokens(self) -> int:

@@ -47,6 +47,10 @@ class RuntimePreset:
     """Routed experts run at the stage's own tp (no separate expert tensor parallelism)."""
     pipeline_max_zero: int | None = None
     """With more than one stage, ZeRO stages above this are not available (DeepSpeed's pipeline engine)."""
+    memory_settings: tuple[str, ...] = ()
+    """Which of the plan's optional memory settings (``plan_rules.MEMORY_SETTINGS``: ``recompute_modules``,
+    ``fp8_params``, ``master_weights``, ``optimizer_state_dtype``, ``loss``) the framework executes; a plan that
+    sets another is refused, naming the field. With ``one_tp_dp`` a stage setting is one value for the model."""
     notes: tuple[str, ...] = field(default=())
     """What the preset leaves out, one sentence each."""
 
@@ -57,7 +61,8 @@ RUNTIMES: dict[str, RuntimePreset] = {
         Constraints(virtual_stages=False, max_cp=1, fp8=False), expert_tp_is_tp=True,
         notes=("what arachne run executes: no interleaving, context parallelism, expert tp or fp8; overlap, "
                "sequence parallelism, ZeRO-2/3 and selective recomputation run as their same-math "
-               "equivalents (plan_rules.same_math_plan)",)),
+               "equivalents (plan_rules.same_math_plan); none of the optional memory settings (its model keeps "
+               "fp32 master weights and Adam state, and runs torch's cross-entropy on fp32 logits)",)),
     "megatron": RuntimePreset(
         "megatron", "Megatron-LM (megatron-core 0.12 era, 2025)",
         "Megatron-LM arguments guide (--tensor/--pipeline/--context/--expert-model-parallel-size, "
@@ -65,6 +70,7 @@ RUNTIMES: dict[str, RuntimePreset] = {
         "--decoder-first/last-pipeline-num-layers, --fp8-format), as recalled 2026-12, not re-read",
         Constraints(zero_stages=(0, 1), one_micro_batch_size=True),
         one_structure=True, equal_pipelines_work=True, one_tp_dp=True, megatron_split=True,
+        memory_settings=("recompute_modules", "fp8_params", "optimizer_state_dtype", "loss"),
         notes=("ZeRO-1 is the distributed optimizer; Megatron's own FSDP is left out",
                "one pipeline structure, tp, dp and micro-batch size for all replicas")),
     "torchtitan": RuntimePreset(
@@ -74,9 +80,10 @@ RUNTIMES: dict[str, RuntimePreset] = {
         "checkpointing, Float8); interleaved pipeline schedules and FSDP2's reshard_after_forward=False "
         "(ZeRO-2-like) as recalled",
         Constraints(zero_stages=(0, 2, 3), one_micro_batch_size=True),
-        one_structure=True, equal_pipelines_work=True, one_tp_dp=True,
+        one_structure=True, equal_pipelines_work=True, one_tp_dp=True, memory_settings=("loss",),
         notes=("ZeRO-3 is FSDP2 sharding, 2 FSDP2 without resharding after forward, 0 plain replication; "
-               "ZeRO-1 has no torchtitan equivalent",)),
+               "ZeRO-1 has no torchtitan equivalent",
+               "loss fused: training.compile compiles the loss (torchtitan/components/loss.py, mid-2025 releases)")),
     "deepspeed": RuntimePreset(
         "deepspeed", "DeepSpeed (ZeRO 0-3 and its PipelineModule engine, 0.16 era, 2025)",
         "DeepSpeed's PipelineEngine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' "
@@ -163,8 +170,30 @@ def legality_errors(plan: Plan, legality: Legality, cluster: Cluster | None = No
         if bad is not None:
             errs.append((f"pipelines[{bad[0]}].stages[{bad[1]}].etp", f"expert tp differs from tp; {who} runs the "
                                                                       "experts at the stage's tp"))
+    errs += _memory_settings_errors(plan, r, who)
     if r.pipeline_max_zero is not None and plan.zero_stage > r.pipeline_max_zero \
             and any(len(p.stages) > 1 for p in pipes):
         errs.append(("zero_stage", f"{plan.zero_stage} with pipeline parallelism; {who}'s pipeline engine "
                                    f"supports ZeRO stage {r.pipeline_max_zero} at most"))
+    return errs
+
+
+def _memory_settings_errors(plan: Plan, r: RuntimePreset, who: str) -> list[tuple[str, str]]:
+    """The plan's optional memory settings the runtime does not execute (:attr:`RuntimePreset.memory_settings`)."""
+    from arachne.plan_rules import FEATURES, MEMORY_SETTINGS, v2_fields_used
+
+    errs: list[tuple[str, str]] = []
+    if not (plan.fp8_params or plan.master_weights is not None or plan.optimizer_state_dtype is not None
+            or plan.loss is not None or any(st.recompute_modules is not None for p in plan.pipelines
+                                            for st in p.stages)):
+        return errs  # the common case, kept cheap: the planners check every candidate
+    for name, feature in v2_fields_used(plan):
+        if feature in MEMORY_SETTINGS and feature not in r.memory_settings:
+            errs.append((name, f"{FEATURES[feature]}; {who} does not execute it"))
+            break
+    if r.one_tp_dp and "recompute_modules" in r.memory_settings:
+        for pi, p in enumerate(plan.pipelines):
+            if len({st.recompute_modules for st in p.stages}) > 1:
+                errs.append((f"pipelines[{pi}].stages", f"per-stage recompute_modules; {who} has one list"))
+                break
     return errs

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "bench" / "fixtures" / "tiny-sweep"
 SUBCOMMANDS = ["grid", "sweep", "store", "replay", "arachne", "cost-model", "work-clock", "replan-trace", "runtime",
-               "same-plans", "suite", "report", "objectives"]
+               "same-plans", "suite", "report", "objectives", "long-seq"]
 
 
 def bench(*args: str, stored: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

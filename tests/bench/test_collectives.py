@@ -168,3 +168,39 @@ def test_result_reports_both_halves_and_tables_fit_80_columns(tmp_path):
     for half in ("calibration", "check", "degraded"):
         assert s[half]["records"] > 0 and s[half]["arachne_mape_pct"] >= 0
     assert s["calibration"]["records"] + s["check"]["records"] + s["degraded"]["records"] == s["records"]
+
+
+def test_shipped_p2p_share_is_the_refit_on_the_calibration_half():
+    from arachne.cost.calibration import NetworkCalibration
+
+    recs = C.load()
+    assert any(C.p2p_intra(r) and not r.held_out and not r.degraded for r in recs)
+    fitted = C.fit_efficiency(recs, "p2p_intra_share", C.p2p_intra)
+    assert fitted == pytest.approx(NetworkCalibration().p2p_intra_share, abs=0.0051)
+    held = [dataclasses.replace(r, held_out=True) for r in recs]
+    assert C.fit_efficiency(held, "p2p_intra_share", C.p2p_intra) is None
+
+
+def test_split_is_drawn_per_batch_so_an_added_batch_never_moves_older_records():
+    recs = C.load()
+    assert C.split_ok(recs) and {r.batch for r in recs} >= {1, 2}
+    first = [r for r in recs if r.batch == 1]
+    assert C.split_ok(first)                               # batch 1 alone still follows the rule
+    new = dataclasses.replace(first[0], id="aaa-new-record", batch=3, held_out=False)
+    assert C.split_ok(recs + [new])                        # a new batch leaves every older flag as it is
+    assert not C.split_ok(recs + [dataclasses.replace(new, held_out=True)])
+
+
+def test_per_collective_table_shows_every_collective_with_its_halves():
+    recs = C.load()
+    rows = [r for rec in recs for r in C.price(rec)]
+    table = C._collective_rows(rows)
+    assert [t["collective"] for t in table] == list(C.COLLECTIVES)
+    assert all(t["recs"] >= 1 for t in table)              # every collective has a healthy record now
+    by = C._by_collective(rows)
+    assert set(by) == set(C.COLLECTIVES)
+    assert sum(v["calibration"]["records"] + v["check"]["records"] for v in by.values()) == \
+        sum(not r.degraded for r in recs)
+    # a collective without a healthy record is still listed, with no MAPE
+    only_ar = [r for r in rows if r["collective"] == "all_reduce"]
+    assert [t["recs"] for t in C._collective_rows(only_ar)][1:] == [0, 0, 0, 0]

@@ -114,3 +114,69 @@ def test_recompute_never_increases_memory(cm, llama8b, b, prec, z, sp, n):
     assert _mem(cm, llama8b, recompute="selective", **kw) <= none
     assert _mem(cm, llama8b, recompute=True, **kw) <= _mem(cm, llama8b, recompute="selective", **kw)
     assert _mem(cm, llama8b, recompute=True, rec_blocks=2, **kw) <= none
+
+
+# ---- two phases: the loss and a block's backward never hold their transients at the same time ----------------
+def _stage(cm, model, **kw):
+    base = {"layers": (0, 4), "first": True, "last": True, "num_stages": 1, "tp": 1, "ep": 1, "b": 1.0,
+            "in_flight_mbs": 1, "precision": "bf16", "seq": 2048, "zero_shards": 1, "zero_level": 1}
+    base.update(kw)
+    return cm.stage_memory(model, **base)
+
+
+def test_last_stage_transient_is_the_larger_phase_hand_computed(cm, llama8b):
+    """Megatron, bf16, no recompute, 1 GPU: the loss phase (6 B per logit) against the block phase (the MLP
+    backward workspace, 2 x 3 x ffn per token): the peak is the larger, the smaller is only cached."""
+    s = 2048
+    head = 6 * s * llama8b.padded_vocab(1)
+    block = 2 * s * 14336 * 3 * 2
+    m = _stage(cm, llama8b, seq=s)
+    assert m.transient == pytest.approx(max(head, block)) and m.cached == pytest.approx(min(head, block))
+    assert m.reserved == pytest.approx(m.total + min(head, block))
+    inner = _stage(cm, llama8b, seq=s, last=False)  # not the last stage: the block phase only
+    assert inner.transient == pytest.approx(block) and inner.cached == 0.0
+
+
+def test_fsdp_loss_phase_holds_the_gathered_head_and_last_block(cm, llama8b):
+    """ZeRO-3 (torch convention): while the loss runs, the gathered output layer and the last block (kept
+    for its backward) in bf16 join the logits' buffers; the block phase holds two gathered blocks and
+    one block's unsharded gradients."""
+    s = 2048
+    m = _stage(cm, llama8b, seq=s, zero_level=3, zero_shards=8)
+    blk = llama8b.block_params(0)
+    head = 12 * s * llama8b.padded_vocab(1) + (llama8b.head_params(1) + blk) * 2
+    block = 2 * s * 14336 * 3 * 2 + blk * (2 * 2 + 6)
+    assert m.transient == pytest.approx(max(head, block)) and m.cached == pytest.approx(min(head, block))
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 8), prec=st.sampled_from(["bf16", "fp32", "fp8"]), z=levels, rec=recomputes,
+       sp=st.booleans(), seq=st.sampled_from([512, 2048, 8192]))
+def test_peak_between_one_phase_and_both(cm, llama8b, b, prec, z, rec, sp, seq):
+    """The last stage's allocated peak is at least the inner stage's with the same blocks (the block phase
+    is still there) and at most it plus the whole loss phase; the reserved bound adds exactly the smaller
+    phase, so it never falls below the allocated peak."""
+    kw = {"b": float(b), "precision": prec, "zero_level": z, "zero_shards": 4, "recompute": rec, "sp": sp,
+          "tp": 2, "seq": seq, "first": False}
+    last, inner = _stage(cm, llama8b, **kw), _stage(cm, llama8b, last=False, **kw)
+    extra = last.weights + last.gradients + last.optimizer - (inner.weights + inner.gradients + inner.optimizer)
+    assert last.transient >= inner.transient
+    assert last.total >= (inner.total + extra) * (1 - 1e-12)
+    assert last.reserved >= last.total and last.cached <= last.transient
+    assert inner.reserved == inner.total
+
+
+def test_fp8_weight_copies_only_under_transformer_engine(cm, llama8b):
+    """fp8 adds Transformer Engine's cached fp8 weight and transpose (2 B/param) and scaling state under the
+    megatron convention; torchao's float8 (torch convention) casts per use and caches nothing, so its fp8
+    weights equal bf16's."""
+    kw = {"layers": (1, 3), "first": False, "last": False, "num_stages": 4, "tp": 1, "ep": 1, "b": 1.0,
+          "in_flight_mbs": 1, "seq": 1024, "zero_shards": 8, "zero_level": 3}
+    for conv in ("megatron", "torch"):
+        bf16 = cm.stage_memory(llama8b, precision="bf16", framework=conv, **kw)
+        fp8 = cm.stage_memory(llama8b, precision="fp8", framework=conv, **kw)
+        params = bf16.optimizer  # Adam 8 B over 8 shards
+        if conv == "megatron":
+            assert fp8.weights > bf16.weights + 2 * params
+        else:
+            assert fp8.weights == bf16.weights

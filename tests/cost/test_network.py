@@ -197,3 +197,63 @@ def test_sharded_optimizer_sync_is_priced_as_rings():
     grads = sum(model.block_params(i) for i in range(24)) + model.embedding_params(1) + model.head_params(1)
     want = 0.75 * Network(cl, CAL).all_reduce_time(devices(cl), grads * 4, algorithm="ring")
     assert t_zero == pytest.approx(want, rel=1e-9)
+
+
+# ---- all-gather / reduce-scatter, send/recv, all-to-all inside a node, NVLS by generation ---------------------
+def busbw_half(t: float, n: int, nbytes: float) -> float:
+    return nbytes / t * (n - 1) / n / 1e9
+
+
+def test_all_gather_and_reduce_scatter_are_one_ring_phase_and_nvls_is_slower():
+    """8x H100: all-gather / reduce-scatter busbw is the NVLink ring rate (~360 GB/s, nccl#1047, #1506); pinned NVLS
+    moves the whole size one way (sjeaugey, nccl#1083): busbw 7/8 of it (~315; ~300 reported in nccl#1506), so
+    NCCL's default stays the ring. A board without NVLS ignores the pin."""
+    cl = cluster("H100-SXM5-80GB", 1, 8)
+    net, devs, S = Network(cl, CAL), devices(cl), 8 * 2**30
+    for op in (net.all_gather_time, net.reduce_scatter_time):
+        ring, nvls = op(devs, S), op(devs, S, algorithm="nvls")
+        assert busbw_half(ring, 8, S) == pytest.approx(360, rel=0.01)
+        assert busbw_half(nvls, 8, S) == pytest.approx(360 * 7 / 8, rel=0.01)
+        assert nvls > ring
+    assert net.all_reduce_time(devs, S, algorithm="ring") == pytest.approx(2 * net.all_gather_time(devs, S), rel=1e-3)
+    a100 = cluster("A100-SXM4-40GB", 1, 8)
+    na = Network(a100, CAL)
+    assert na.all_gather_time(devices(a100), S, algorithm="nvls") == na.all_gather_time(devices(a100), S)
+
+
+def test_send_recv_inside_a_node_runs_at_the_p2p_share_and_across_nodes_on_one_nic():
+    """Send/recv is one link: inside a node NCCL's p2p channels reach ``p2p_intra_share`` of the ring's NVLink
+    bandwidth (8x A100 send/recv 195 of 243 GB/s); across nodes, one NIC's share (24.2 GB/s of a 25 GB/s
+    Slingshot NIC, nccl#1272)."""
+    S = 2**30
+    one = cluster("A100-SXM4-40GB", 1, 8)
+    t = Network(one, CAL).p2p_time(["n0:0"], ["n0:1"], S)
+    assert t == pytest.approx(CAL.intra_node_latency_s + S / (one.nodes[0].intra_node_bw * CAL.p2p_intra_share))
+    two = cluster("H100-SXM5-80GB", 2, 8, 400.0, "infiniband")
+    t2 = Network(two, CAL).p2p_time(["n0:0"], ["n1:0"], S)
+    assert t2 == pytest.approx(CAL.inter_node_latency_s + S / (50e9 * CAL.infiniband_nic_efficiency))
+    # an intra-node collective ring is not affected by the p2p share
+    slow = dataclasses.replace(CAL, p2p_intra_share=0.5)
+    assert Network(one, slow).all_reduce_time(devices(one), S) == Network(one, CAL).all_reduce_time(devices(one), S)
+    assert Network(one, slow).p2p_time(["n0:0"], ["n0:1"], S) > t
+
+
+def test_all_to_all_inside_a_node_runs_at_the_p2p_share():
+    """One node: each member sends (n-1)/n of its buffer over NVLink at NCCL's p2p share, so busbw is that share
+    of the ring rate (GB200 all-to-all 615-662 of 720 GB/s, OCI quick start)."""
+    cl = cluster("H100-SXM5-80GB", 1, 8)
+    S = 8 * 2**30
+    t = Network(cl, CAL).all_to_all_time(devices(cl), S)
+    assert busbw_half(t, 8, S) == pytest.approx(360 * CAL.p2p_intra_share, rel=0.01)
+
+
+def test_nvls_on_blackwell_is_scaled_by_nccls_own_efficiency_ratio():
+    """NCCL's tuning model gives NVLS an efficiency of 0.85 on Hopper and 0.74 on Blackwell (nvlsEfficiency): the
+    H100-derived algbw/line ratio is scaled by 0.74/0.85 on B200; Hopper keeps the maintainer's figure."""
+    h, b = Network(cluster("H100-SXM5-80GB", 1, 8), CAL), Network(cluster("B200", 1, 8), CAL)
+    assert h.rates["n0"].nvls == pytest.approx(CAL.nvls_algbw_over_line * 450e9)
+    assert b.rates["n0"].nvls == pytest.approx(CAL.nvls_algbw_over_line * 900e9 * 0.74 / 0.85)
+    cl = cluster("B200", 1, 8)
+    S = 8 * 2**30
+    # ~830 GB/s busbw reported for 8x B200 all-reduce (NVIDIA/nccl#1807; no size given, so a check, not a record)
+    assert busbw_ar(b.all_reduce_time(devices(cl), S), 8, S) == pytest.approx(830, rel=0.05)

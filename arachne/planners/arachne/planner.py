@@ -21,14 +21,14 @@ from arachne.planners.arachne.learned.ranker import (
     shipped_ranker,
 )
 from arachne.planners.arachne.options import BASE_TARGET_S, ArachneOptions
-from arachne.planners.arachne.search.beams import policy_search, teacher_search
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
+from arachne.planners.arachne.search.beams import policy_search, teacher_search
 from arachne.planners.arachne.search.pricer import Pricer
-from arachne.planners.objective import Objective
 from arachne.planners.arachne.search.refine import refine
 from arachne.planners.arachne.search.rules import rule_pool
 from arachne.planners.arachne.template import has_odd_nodes
 from arachne.planners.arachne.work_clock import WorkClock
+from arachne.planners.objective import Objective
 from arachne.planners.protocol import (
     Deadline,
     PlannerResult,
@@ -256,8 +256,12 @@ class ArachnePlanner:
                              [st for st in rest if id(st) not in seen])
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
         if o.ablation.modern_knobs:  # formats-v2 knobs on the best plans (completion/modern.py)
+            from arachne.planners.arachne.seeds import seed_pass  # the uniform grid family, overlapped (seeds.py)
+
+            polished += seed_pass(ctx, self.legality, run.clock, full_target, deadline, self._score,
+                                  pricer.results() + polished)
             polished += modern_pass(pricer.results() + polished, cost_model, job, self.legality, run.clock,
-                                    full_target, deadline, self._score)
+                                    full_target, deadline, self._score, work=ctx.work)
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]

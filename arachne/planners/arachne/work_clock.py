@@ -36,6 +36,9 @@ class Work:
     estimated_stages: int = 0  # ... their stages ...
     estimated_devices: int = 0  # ... their GPUs ...
     estimated_cells: int = 0  # ... and the stage x micro-batch cells of their schedules
+    knob_plans: int = 0  # version-2 variants the modern-knobs pass built and priced (completion/modern.py) ...
+    knob_stages: int = 0  # ... and their stages: each variant is a new plan (cold in the cost model's caches,
+    # overlap, interleaving, cp and per-stage recomputation priced), charged on top of its estimate's counters
 
     def vector(self) -> np.ndarray:
         return np.array([getattr(self, f.name) for f in fields(self)], dtype=float)

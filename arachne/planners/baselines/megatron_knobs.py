@@ -1,6 +1,8 @@
 """The Megatron-LM launch options the grid searches (docs/baselines.md §2.1): which values each knob takes
 for one (tp, cp, pp, dp) shape, how a grid point becomes a plan, and the recomputation ladder (the least
 recomputation that fits, as a practitioner tunes ``--recompute-granularity``/``--recompute-num-layers``).
+With an fp8 job (``Job.fp8``) every point runs ``--fp8-format hybrid`` on GPUs that all have an FP8 rate, and
+in bf16 when it fits in no other way.
 
 The planner (:mod:`arachne.planners.baselines.megatron`) loops over the shapes and these menus and calls
 :func:`ladder` per point; every plan is priced by the one ``CostModel``.
@@ -8,6 +10,7 @@ The planner (:mod:`arachne.planners.baselines.megatron`) loops over the shapes a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +53,9 @@ class MegatronKnobs:
     """Largest context-parallel degree tried (powers of two)."""
     expert_tp: bool = True
     """MoE: ``--expert-tensor-parallel-size`` etp in {1, tp} besides ``--expert-model-parallel-size`` ep."""
+    fp8: bool = True
+    """``--fp8-format hybrid`` when the job allows fp8 and every GPU of the point has an FP8 rate (a point that
+    does not fit in fp8 even with full recomputation is tried in bf16)."""
     v1: bool = False
     """The version-1 grid: ZeRO-1 on/off, recompute none/full, ep | dp, nothing else (for comparisons)."""
 
@@ -117,6 +123,12 @@ class Point:
     b: int
     ep: int
     etp: int | None
+    fp8: bool = True
+    """fp8 where the builder allows it (False: the job's own precision)."""
+
+    @property
+    def num_devices(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
 
 
 class PlanBuilder:
@@ -126,6 +138,19 @@ class PlanBuilder:
     def __init__(self, ctx: Ctx, devices: list[str], knobs: MegatronKnobs):
         self.ctx, self.devices, self.knobs = ctx, devices, knobs
         self._stages: dict[tuple, tuple[Stage, ...]] = {}
+        self._fp8: dict[int, bool] = {}
+
+    def uses_fp8(self, pt: Point) -> bool:
+        """Whether ``pt`` runs in fp8: the knob is on, the job allows it and every GPU it uses has an FP8 rate
+        (in the real cluster, whatever cluster prices the plan)."""
+        if not (pt.fp8 and self.knobs.fp8 and not self.knobs.v1 and self.ctx.job.fp8):
+            return False
+        n = pt.num_devices
+        hit = self._fp8.get(n)
+        if hit is None:
+            devs = self.ctx.cluster.devices
+            hit = self._fp8[n] = all(devs[d].gpu.fp8_tflops is not None for d in self.devices[:n])
+        return hit
 
     def stages(self, pt: Point, recompute: bool | str, rec_layers: int | None) -> tuple[Stage, ...]:
         key = (pt.tp, pt.cp, pt.pp, pt.dp, pt.v, pt.ep, pt.etp, recompute, rec_layers)
@@ -147,6 +172,8 @@ class PlanBuilder:
         pipe = Pipeline(micro_batches=G // (pt.dp * pt.b), virtual_stages=pt.v,
                         stages=self.stages(pt, recompute, rec_layers))
         plan = self.ctx.plan(pt.dp * pt.b, [pipe], zero_stage=0 if zero is None else zero)
+        if self.uses_fp8(pt):
+            plan = plan.model_copy(update={"precision": "fp8"})
         replicas = pt.dp * pt.cp > 1
         if zero is None and not self.knobs.v1 and replicas:
             dist = self.knobs.distributed_optimizer
@@ -198,7 +225,15 @@ def ladder(builder: PlanBuilder, pt: Point, fits: Fits, bound: float = math.inf,
     ``bound``: a time no plan worth keeping reaches (the ranking's k-th best). Recomputation only adds time,
     so when ``pt`` without it is already at ``bound`` or slower the ladder stops there (reporting that a
     plan may fit, so that larger micro-batches are still tried); ``-inf`` prices the point without
-    recomputation only. ``plain``: that price, when known already."""
+    recomputation only. ``plain``: that price, when known already. An fp8 point that fits in no way is
+    climbed again in the job's own precision."""
+    rung = _ladder(builder, pt, fits, bound, plain)
+    if not rung.found and not rung.may_fit and builder.uses_fp8(pt):
+        return _ladder(builder, dataclasses.replace(pt, fp8=False), fits, bound, None)
+    return rung
+
+
+def _ladder(builder: PlanBuilder, pt: Point, fits: Fits, bound: float, plain: Priced | None) -> Rung:
     knobs = builder.knobs
     if knobs.v1:  # the version-1 grid: every (recompute, ZeRO) combination
         out, first = [], None

@@ -29,6 +29,7 @@ from arachne.cost import CostModel, Estimate
 from arachne.errors import InputError
 from arachne.plan import PLAN_FORMAT, PLAN_FORMAT_V2, Pipeline, Plan, Stage, plan_errors
 from arachne.plan_rules import uses_v2
+from arachne.planners.arachne.work_clock import Work
 from arachne.planners.protocol import Deadline
 from arachne.spec.model import ModelSpec
 from arachne.spec.runtimes import Legality
@@ -158,6 +159,7 @@ class Knobs:
     best: Priced
     left: int = MAX_ESTIMATES
     deadline: Deadline | None = None
+    work: Work | None = None  # the planner's tally: variants priced and their stages (the work clock)
 
     def spent(self) -> bool:
         return self.left <= 0 or (self.deadline is not None and self.deadline.expired())
@@ -167,6 +169,9 @@ class Knobs:
         if self.spent() or not self.ok(plan):
             return None
         self.left -= 1
+        if self.work is not None:
+            self.work.knob_plans += 1
+            self.work.knob_stages += sum(len(p.stages) for p in plan.pipelines)
         try:
             return self.cm.estimate(plan, validate=False)
         except (InputError, ValueError):  # a feature this cost model refuses: not a candidate
@@ -294,7 +299,10 @@ class Knobs:
             choice[key] = _fastest_fit(none, full, rows.get("selective", {}).get(key), n)
         for _ in range(RECOMPUTE_REPAIRS + 1):
             cand = map_stages(plan, lambda pi, si, _p, st: with_recompute(st, *choice[(pi, si)]))
-            e = self.price(cand)
+            same = set(choice.values())
+            kind, k = next(iter(same))
+            # every stage at one probe's setting: that probe's estimate (already offered), not priced again
+            e = probes[kind] if len(same) == 1 and k is None and kind in probes else self.price(cand)
             if e is None:
                 return
             if e.fits:
@@ -354,12 +362,12 @@ def legal_check(legality: Legality | None, base: Plan, cluster) -> Check:
 
 def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Legality | None = None,
               allow_fp8: bool = False, deadline: Deadline | None = None,
-              max_estimates: int = MAX_ESTIMATES) -> Priced:
+              max_estimates: int = MAX_ESTIMATES, work: Work | None = None) -> Priced:
     """The fastest fitting variant of ``plan`` found by the knobs (``plan`` itself when none is faster); a
     variant is never slower than ``plan`` under ``cost_model`` and always valid and within ``legality``."""
     model = cost_model.resolve_model(plan)
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
-                  max_estimates, deadline)
+                  max_estimates, deadline, work)
     steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.interleave,
              knobs.experts, knobs.zero]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
@@ -376,7 +384,7 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
 def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legality: Legality | None = None,
                     allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
                     max_estimates: int = MAX_ESTIMATES,
-                    key: Callable[[Estimate], float] | None = None) -> list[Priced]:
+                    key: Callable[[Estimate], float] | None = None, work: Work | None = None) -> list[Priced]:
     """:func:`modernize` on the ``top`` best version-1 plans of ``results`` (by ``key``, lower is better;
     default: iteration time): the faster variants found (the first plan gets half the deadline, the second
     half of the rest, the third the rest). A variant runs on its plan's GPUs, so faster is also cheaper."""
@@ -388,7 +396,7 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
             break
         sub = deadline.child(deadline.remaining / (2 if i < len(start) - 1 else 1)) if deadline is not None else None
         better = modernize(plan, est, cost_model, legality=legality, allow_fp8=allow_fp8, deadline=sub,
-                           max_estimates=max_estimates)
+                           max_estimates=max_estimates, work=work)
         if better[0] is not plan:
             out.append(better)
     return out
@@ -399,16 +407,16 @@ MODERN_SHARE = 0.1
 
 
 def fp8_allowed(job) -> bool:
-    """Whether the job lets a plan run FP8 GEMMs: only when its precision says ``fp8``."""
-    return str(getattr(job, "precision", "")) == "fp8"
+    """Whether the job lets a plan run FP8 GEMMs: only when it asked for precision ``fp8`` (``Job.fp8``)."""
+    return bool(getattr(job, "fp8", False))
 
 
 def modern_pass(results: Iterable[Priced], cost_model: CostModel, job, legality: Legality | None,
                 clock: Callable[[], float], target_s: float, cap: Deadline | None = None,
-                key: Callable[[Estimate], float] | None = None) -> list[Priced]:
+                key: Callable[[Estimate], float] | None = None, work: Work | None = None) -> list[Priced]:
     """The planner's hook: :func:`modern_variants` for :data:`MODERN_SHARE` of ``target_s`` on ``clock`` (the
     planner's work clock), and never past ``cap`` (the caller's budget on the wall clock); ``key``: the
-    planner's score."""
+    planner's score; ``work``: the planner's tally (``knob_plans``, ``knob_stages``)."""
     deadline = Deadline(MODERN_SHARE * target_s, clock, cap)
     return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline,
-                           key=key)
+                           key=key, work=work)

@@ -1,0 +1,134 @@
+"""Selective recomputation of chosen modules (``recompute_modules``, Megatron-Core's ``--recompute-modules``):
+the bytes each module's dropped activations take in a block, and the forward seconds of running those modules
+again in backward. The bytes are terms of the per-operation activation count (:func:`memory.block_activation_terms`,
+checked against autograd's saved tensors by ``python -m benchmarks cost-model activations``); sources and what is
+ignored: docs/cost-model.md, "Recomputed modules"."""
+
+from __future__ import annotations
+
+from arachne.cost.compute import ComputeModel, act_bytes, core_precision
+from arachne.spec.gpus import GPUType
+from arachne.spec.model import ModelSpec
+
+DEFAULT_MODULES = ("core_attn",)
+"""What ``recompute: "selective"`` recomputes when the stage names no modules."""
+
+
+def separate_norms(model: ModelSpec, index: int) -> int:
+    """Norms of block ``index`` that run as modules of their own in Megatron-Core's Transformer Engine layer spec,
+    so that ``layernorm`` recomputation can drop their outputs: the pre-MLP norm of an MoE block (the router and the
+    dispatcher read it), the input norm under MLA (its down projections read it). The other norms are fused into the
+    next GEMM (``TELayerNormColumnParallelLinear``), where ``layernorm`` recomputation does nothing."""
+    return int(bool(model.moe_layers[index])) + int(model.attention == "mla")
+
+
+def _routed_fc2_width(model: ModelSpec) -> int:
+    """Per-token elements of the routed experts' fc2 input (one intermediate width per chosen expert)."""
+    return model.experts_top_k * model.expert_ffn
+
+
+def _shared_width(model: ModelSpec) -> int:
+    return model.shared_expert_ffn_hidden_size or model.expert_ffn * model.num_shared_experts
+
+
+def dropped_bytes(model: ModelSpec, index: int, seq: int, b: float, tp: int, precision: str, sp: bool,
+                  etp: int | None, modules: tuple[str, ...]) -> float:
+    """Bytes of block ``index``'s saved activations (``b`` sequences) that ``modules`` drop, as the per-operation
+    count keeps them (core attention aside: its score term is dropped by :func:`features.block_acts_v2`).
+
+    ``layernorm``: each separate norm's output (``h`` per token; in fp8 the count already keeps it at 1 byte as
+    the next GEMM's fp8 input, so ``h (ab - 1)``), split over tp with sequence parallelism. ``mla_up_proj``: the up
+    projections' outputs q, k and v (flash attention's saved inputs; its output, the output projection's input,
+    stays). ``moe_act``: the routed experts' fc2 input (``k f``). ``shared_experts``: the shared experts' MLP.
+    ``mlp``: a dense block's whole MLP. ``moe``: an MoE block's whole expert part (``moe_act``, the shared experts
+    and the dispatched tokens in and out)."""
+    ab = act_bytes(precision)
+    tok = seq * b
+    h = model.hidden_size
+    mods = set(modules)
+    moe = model.moe_layers[index]
+    out = 0.0
+    if "layernorm" in mods:
+        per = ab - 1 if precision == "fp8" else ab
+        out += tok * separate_norms(model, index) * h * per / (tp if sp and tp > 1 else 1)
+    if "mla_up_proj" in mods and model.attention == "mla":
+        a = model.num_attention_heads
+        out += tok * (2 * a * model.head_dim + a * model.v_dim) * ab / tp
+    if moe:
+        k = model.experts_top_k
+        if "moe" in mods:
+            width = k * model.expert_ffn * model.mlp_matrices + 2 * k * h * (1 if etp is None else etp / tp)
+            if model.num_shared_experts:
+                width += _shared_width(model) * model.mlp_matrices
+            out += tok * width * ab / tp
+        else:
+            if "moe_act" in mods:
+                out += tok * _routed_fc2_width(model) * ab / tp
+            if "shared_experts" in mods and model.num_shared_experts:
+                out += tok * _shared_width(model) * model.mlp_matrices * ab / tp
+    elif "mlp" in mods:
+        out += tok * model.ffn_hidden_size * model.mlp_matrices * ab / tp
+    return out
+
+
+def modules_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
+                ep: int, etp: int | None, sp: bool, modules: tuple[str, ...], a: int, z: int,
+                attention_core_fwd: float) -> float:
+    """Forward seconds of recomputing ``modules`` in blocks ``[a, z)`` (the terms of
+    :meth:`ComputeModel.analytic_block` for those parts; collectives are added by the caller).
+
+    ``core_attn``: the attention core (``attention_core_fwd`` per block). ``layernorm``: each separate norm reads
+    and writes ``h`` per token. ``moe_act``: the activation reads its input and writes the fc2 input. ``mla_up_proj``:
+    the query and key/value up-projection GEMMs. ``mlp`` / ``moe`` / ``shared_experts``: their GEMMs and
+    element-wise work."""
+    mods = set(modules)
+    peak = compute.gemm_peak(gpu, precision)
+    hbm = gpu.hbm_bandwidth
+    ab = act_bytes(precision)
+    tok = b * seq
+    h, mats = model.hidden_size, model.mlp_matrices
+    launch = compute.cal.kernel_launch_s
+    up = sum(compute._gemm(2 * tok * i * o / tp, peak) for i, o, split in model.attention_gemms
+             if split and i != h and o != h) if "mla_up_proj" in mods and model.attention == "mla" else 0.0
+    total = 0.0
+    for i in range(a, z):
+        moe = model.moe_layers[i]
+        t = attention_core_fwd if "core_attn" in mods else 0.0
+        if "layernorm" in mods and (n := separate_norms(model, i)):
+            t += n * 2 * tok * h * ab / (tp if sp and tp > 1 else 1) / hbm + n * launch
+        t += up
+        if moe:
+            k = model.experts_top_k
+            if "moe" in mods:  # the experts, the router (bf16 under fp8) and the permutations
+                t += _expert_gemms(compute, model, tok, tp, ep, etp, peak) + 4 * tok * k * h * ab / hbm
+                t += compute._gemm(2 * tok * h * model.num_experts, compute.gemm_peak(gpu, core_precision(precision)))
+                t += 2 * tok * k * model.expert_ffn / tp * ab * mats / hbm
+            elif "moe_act" in mods:
+                t += tok * k * model.expert_ffn * mats * ab / tp / hbm + launch
+            if ("moe" in mods or "shared_experts" in mods) and model.num_shared_experts:
+                t += mats * compute._gemm(2 * tok * h * _shared_width(model) / tp, peak)
+        elif "mlp" in mods:
+            t += mats * compute._gemm(2 * tok * h * model.ffn_hidden_size / tp, peak)
+            t += 2 * tok * model.ffn_hidden_size / tp * ab * mats / hbm
+        total += t
+    return total
+
+
+def _expert_gemms(compute: ComputeModel, model: ModelSpec, tok: float, tp: int, ep: int, etp: int | None,
+                  peak: float) -> float:
+    """The routed experts' GEMMs of one MoE block (as :meth:`ComputeModel.analytic_block` prices them)."""
+    k, E, h, mats = model.experts_top_k, model.num_experts, model.hidden_size, model.mlp_matrices
+    if etp is None:
+        tok_e = tok * k * ep / E
+        return (E / ep) * mats * compute._gemm(2 * tok_e * h * model.expert_ffn / tp, peak)
+    tok_e = tok * k * ep * etp / (E * tp)
+    return (E / ep) * mats * compute._gemm(2 * tok_e * h * model.expert_ffn / etp, peak)
+
+
+def recomputed_collectives(model: ModelSpec, modules: tuple[str, ...], a: int, z: int) -> tuple[int, int]:
+    """(blocks whose MLP or MoE layer's forward tp collective runs again, MoE blocks whose all-to-alls run again):
+    ``mlp`` recomputes a dense block's MLP with its collective, ``moe`` an MoE layer with its dispatch and combine."""
+    mods = set(modules)
+    moe = sum(model.moe_layers[a:z]) if "moe" in mods else 0
+    dense = (z - a - sum(model.moe_layers[a:z])) if "mlp" in mods else 0
+    return dense + moe, moe

@@ -1,0 +1,304 @@
+"""Seed candidates: the structures a framework's own grid prices, completed the way that framework runs them.
+
+The search prices version-1 plans (no overlap of the gradient reduction) and gives the formats-v2 knobs only to
+the fastest few of them (:mod:`.completion.modern`). A data-parallel-heavy plan loses that race: without
+overlap its gradient all-reduce is all exposed, so deeper pipelines rank first, although with overlap and a few
+large micro-batches per replica (a long last backward to hide the reduction behind) the shallow plan is the
+fastest. Megatron's grid over all GPUs (``megatron-oblivious``: 16 GPUs of two types at tp 1, pp 1, dp 16, two
+micro-batches of four sequences each, partial recomputation) beat the search by 6% on a 16-GPU cluster and by
+25% on 512 GPUs that way.
+
+So the planner always prices, within a small share of its target on the work clock, the uniform grid family:
+the same (tp, pipeline depth) on every device class together (each class its own pipelines, so a slower type
+is never the pace of a faster one's stages) and on each GPU type alone, at the shallowest depths that fit,
+every micro-batch size, the batch shared by the completion's rule and evenly (one micro-batch count for every
+replica, as Megatron runs them), with the gradient reduction overlapped. The best few then get the knobs
+(:func:`~.completion.modern.modernize`: per-stage recomputation, ZeRO, ...). Every estimate is counted by the
+work clock (the cost model's counters), and the layer splits and placements by ``ctx.work``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from arachne.cost import Estimate
+from arachne.cost.memory import state_bytes_per_param
+from arachne.plan import PLAN_FORMAT_V2, Plan
+from arachne.planners.arachne.actions import STAGE_COUNTS
+from arachne.planners.arachne.completion.batch import mbs_candidates
+from arachne.planners.arachne.completion.modern import fp8_allowed, modernize
+from arachne.planners.arachne.completion.place import cap_replicas, placements
+from arachne.planners.arachne.completion.price import build_plan, split_and_share
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.rules_view import template_ok
+from arachne.planners.arachne.template import Group, Slot, Template, slot_fits_nodes, tp_options
+from arachne.planners.protocol import Deadline
+from arachne.spec.runtimes import Legality
+
+SEED_SHARE = 0.08
+"""The seeds' work (completion, pricing and their knobs), as a share of the planner's target on its clock."""
+SEED_DEPTHS = 2
+"""Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`."""
+SEED_SIZES = 3
+"""Micro-batch sizes per template (:func:`seed_sizes`)."""
+SEED_TOP = 2
+"""The fastest seeds given the knobs."""
+SEED_ESTIMATES = 30
+"""Estimates the knobs spend on one seed, at most."""
+
+Priced = tuple[Plan, Estimate]
+
+
+def class_subsets(ctx: PlanningContext, first: set[str] | None = None) -> list[tuple[int, ...]]:
+    """Device classes planned together: the GPU types in ``first`` (the incumbent plan's types, when not all of
+    them), then all classes, then each GPU type's classes alone (fastest type first)."""
+    every = tuple(c.index for c in ctx.classes)
+    types: dict[str, list[int]] = {}
+    for c in ctx.classes:
+        types.setdefault(c.gpu.name, []).append(c.index)
+    out = [every] + [tuple(v) for v in types.values() if len(types) > 1]
+    lead = tuple(c.index for c in ctx.classes if first and c.gpu.name in first)
+    return list(dict.fromkeys([lead] + out)) if lead else out
+
+
+def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[int, int]]:
+    """(first class, GPUs) per GPU type of ``subset``: the type's classes whose nodes hold ``tp`` GPUs, as one pool
+    (a type split across node sizes, 142 H200 in nodes of 5 and 8, makes one set of identical pipelines)."""
+    out: dict[str, tuple[int, int]] = {}
+    for i in subset:
+        c = ctx.classes[i]
+        if slot_fits_nodes(tp, c.node_size):
+            first, n = out.get(c.gpu.name, (i, 0))
+            out[c.gpu.name] = (first, n + c.count)
+    return list(out.values())
+
+
+def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
+    """Every GPU type of ``subset`` in pipelines of ``stages`` stages of ``tp`` GPUs, as many as it holds, a type
+    over several classes pooled (:func:`pools`); None when no type holds one."""
+    groups = []
+    for first, n in pools(ctx, subset, tp):
+        reps = n // (stages * tp)
+        if reps:
+            pooled = n > ctx.classes[first].count
+            groups.append(Group((Slot(first, tp, pool=pooled),) * stages, reps))
+    tpl = Template(tuple(groups))
+    return tpl if groups and tpl.fits_counts(ctx.classes) else None
+
+
+def even_counts(counts: list[int]) -> list[int] | None:
+    """The same micro-batch count for every pipeline (Megatron's data parallelism), or None where the total
+    does not divide evenly (or the counts already are even)."""
+    n, total = len(counts), sum(counts)
+    if n == 0 or total % n or len(set(counts)) == 1:
+        return None
+    return [total // n] * n
+
+
+def overlapped(plan: Plan) -> Plan:
+    """``plan`` with the gradient reduction (and, with ZeRO, the parameter gather) overlapped where layers are
+    replicated, as every modern framework runs data parallelism."""
+    if len(plan.pipelines) < 2 and all(st.dp_size < 2 for p in plan.pipelines for st in p.stages):
+        return plan
+    return plan.model_copy(update={"overlap_grad_reduce": True, "overlap_param_gather": plan.zero_stage >= 1,
+                                   "format": PLAN_FORMAT_V2})
+
+
+def merged(plan: Plan) -> Plan | None:
+    """Pipelines of one shape (stages, tp, micro-batch count) as one pipeline whose stages are data parallel over
+    all of them, on the last pipeline's layer split (the slowest class's: classes come fastest first): Megatron's
+    form, where replicas of a stage run in lock step and the gradient reduction hides behind the slowest one's
+    backward. None where the pipelines differ in shape (or there is only one)."""
+    pipes = plan.pipelines
+    if len(pipes) < 2:
+        return None
+    first = pipes[0]
+    shape = (len(first.stages), first.micro_batches, first.micro_batch_size, first.virtual_stages,
+             tuple(st.tp for st in first.stages))
+    if any((len(p.stages), p.micro_batches, p.micro_batch_size, p.virtual_stages,
+            tuple(st.tp for st in p.stages)) != shape for p in pipes) or first.micro_batch_size is not None:
+        return None
+    base = pipes[-1]
+    stages = []
+    for si, st in enumerate(base.stages):
+        devices = tuple(d for p in pipes for d in p.stages[si].devices)
+        dp = sum(p.stages[si].dp_size for p in pipes)
+        stages.append(st.model_copy(update={"devices": devices, "dp": dp if dp > 1 else None}))
+    pipe = base.model_copy(update={"stages": tuple(stages)})
+    return plan.model_copy(update={"pipelines": (pipe,), "micro_batch_size": plan.micro_batch_size * len(pipes)})
+
+
+def _placed(t: Template, ctx: PlanningContext, cache: dict) -> list:
+    """The placements of ``t`` (counted as work once per template, then cached)."""
+    if t not in cache:
+        ctx.work.placed_slots += sum(len(g.slots) * g.replicas for g in t.groups)
+        cache[t] = placements(t, ctx)
+    return cache[t]
+
+
+def quick_time(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> float:
+    """The completion's own time model of ``tpl`` at ``mbs`` (fill and steady state; no gradient sync), without
+    recomputation or, if nothing fits without, with it; infinite when it cannot complete."""
+    t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
+    lays = _placed(t, ctx, cache)
+    for recompute in (False, True):
+        r = split_and_share(t, ctx, mbs, recompute, lays[0]) if lays else None
+        if r is not None:
+            return r[2]
+    return float("inf")
+
+
+def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict) -> list[int]:
+    """Micro-batch sizes worth pricing: the two largest (the fewest micro-batches: the longest backward to hide
+    the gradient reduction behind, as data-parallel plans want; the largest often only with recomputation), then
+    the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want)."""
+    opts = sorted(mbs_candidates(tpl, ctx.job), reverse=True)
+    if len(opts) <= SEED_SIZES:
+        return opts
+    top = opts[:2]
+    quick = sorted((quick_time(tpl, ctx, b, cache), b) for b in opts[2:])
+    return top + [b for q, b in quick[: SEED_SIZES - 2] if q < float("inf")]
+
+
+def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[Plan], bool],
+                  cache: dict | None = None, deadline: Deadline | None = None) -> list[Priced]:
+    """``tpl`` at micro-batch size ``mbs``, without recomputation or (if nothing fits without) with it, the batch
+    shared by the completion's rule and evenly on each placement, and evenly in Megatron's lock-step form
+    (:func:`merged`), each with and
+    without the gradient reduction overlapped (overlap pays only where one micro-batch's backward is long enough
+    to hide the reduction's buckets behind): the faster of each that fits. ``cache``: placements by template (see
+    :func:`_placed`); no estimate once ``deadline`` expires."""
+    cm = ctx.cost_model
+    t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
+    lays = _placed(t, ctx, {} if cache is None else cache)
+    if not lays:
+        return []
+    for recompute in (False, True):
+        r = split_and_share(t, ctx, mbs, recompute, lays[0])
+        if r is None:
+            continue
+        splits, counts, _ = r
+        even = even_counts(counts)
+        plans = []
+        for lay in lays:  # pipeline order, and stage order (a stage's replicas share nodes: a cheap reduction)
+            plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
+            if even is not None:
+                plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, even))
+        lock = merged(plans[-1]) if plans[-1] is not None else None
+        out = []
+        for plan in plans + [lock]:
+            best = None
+            for cand in {id(c): c for c in (plan, overlapped(plan) if plan is not None else None)}.values():
+                if cand is None or not ok(cand) or (deadline is not None and deadline.expired()):
+                    continue
+                est = cm.estimate(cand, validate=False)
+                if est.fits and (best is None or est.iteration_time_s < best[1].iteration_time_s):
+                    best = (cand, est)
+            if best is not None:
+                out.append(best)
+        if out:
+            return out
+    return []
+
+
+def gpus_used(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> int:
+    """GPUs of ``subset`` that :func:`uniform_template` puts to work at (``tp``, ``stages``)."""
+    return sum(n // (stages * tp) * stages * tp for _, n in pools(ctx, subset, tp))
+
+
+def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> bool:
+    """A necessary condition for :func:`uniform_template` to fit: some type's pipeline holds the weights and
+    gradients of every layer (ZeRO-1 shards only the optimizer state) within its GPUs' memory; shallower depths
+    of a large model are skipped without completing them."""
+    w, g, _ = state_bytes_per_param(ctx.job.precision, ctx.cost_model.cal.memory)
+    need = ctx.model.num_params * (w + g)
+    return any(stages * tp * ctx.classes[first].gpu.memory_bytes >= need
+               for first, n in pools(ctx, subset, tp) if n >= stages * tp)
+
+
+def next_depth(ctx: PlanningContext, subset: tuple[int, ...], tp: int, first: int) -> int | None:
+    """The depth after the shallowest that fits (``first``), up to twice as deep, that leaves the fewest GPUs idle
+    (ties: the shallower): 142 GPUs of one type make 10 pipelines of 14 stages, not 11 of 12."""
+    deeper = range(first + 1, min(ctx.model.num_layers, 2 * first) + 1)
+    best = max(deeper, key=lambda S: (gpus_used(ctx, subset, tp, S), -S), default=None)
+    return best if best is not None and gpus_used(ctx, subset, tp, best) > 0 else None
+
+
+def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None = None,
+               ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None) -> list[Priced]:
+    """The uniform grid family (module docstring), priced while ``deadline`` lasts: every fitting plan. Per class
+    subset (:func:`class_subsets`, ``first`` the GPU types to start from) and tp, the shallowest depth of
+    :data:`STAGE_COUNTS` that fits, then :func:`next_depth`."""
+    L = ctx.model.num_layers
+    out: list[Priced] = []
+
+    def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
+        tpl = uniform_template(ctx, subset, tp, S)
+        if tpl is None:
+            return None
+        if legality is not None and not template_ok(tpl, legality):
+            return []
+        found: list[Priced] = []
+        cache: dict = {}
+        for mbs in seed_sizes(tpl, ctx, cache):
+            if deadline.expired():
+                break
+            found += complete_seed(tpl, ctx, mbs, ok, cache, deadline)
+        return found
+
+    for subset in class_subsets(ctx, first):
+        node = min(ctx.classes[i].node_size for i in subset)
+        for tp in tp_options(ctx.model, node):
+            first = None
+            for S in STAGE_COUNTS:
+                if S > L or deadline.expired():
+                    break
+                if not holds_state(ctx, subset, tp, S):
+                    continue
+                found = at_depth(subset, tp, S)
+                if found is None:
+                    break
+                if found:
+                    first = S
+                    out += found
+                    break
+            deeper = next_depth(ctx, subset, tp, first) if first is not None and SEED_DEPTHS > 1 else None
+            if deeper is not None and not deadline.expired():
+                out += at_depth(subset, tp, deeper) or []
+    return out
+
+
+def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[], float], target_s: float,
+              cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = ()) -> list[Priced]:
+    """The planner's hook: :func:`seed_plans` for :data:`SEED_SHARE` of ``target_s`` on ``clock`` (never past
+    ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower
+    is better) less the recomputation they could drop; every plan returned fits and breaks no rule of ``legality``.
+    ``found``: the plans the search priced (the best one's GPU types are seeded first)."""
+    deadline = Deadline(SEED_SHARE * target_s, clock, cap)
+    cluster = ctx.cost_model.cluster
+    rules = legality if legality is not None and not legality.free else None
+
+    def bound(est: Estimate) -> float:  # what per-stage recomputation could reach at best
+        return score(est) * (1 - est.breakdown.get("recompute_s", 0.0) / est.iteration_time_s)
+
+    def ok(plan: Plan) -> bool:
+        return rules is None or not rules.errors(plan, cluster)
+
+    lead = min(found, key=lambda r: score(r[1]), default=None)  # the incumbent: its GPU types are seeded first
+    types = {cluster.devices[d].gpu.name for d in lead[0].devices} if lead is not None else None
+    seeds = sorted(seed_plans(ctx, deadline.child(deadline.remaining * 0.6), rules, ok, types),
+                   key=lambda r: bound(r[1]))
+    distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
+    for r in seeds:
+        distinct.setdefault(round(r[1].iteration_time_s, 9), r)
+    out: list[Priced] = []
+    for i, (plan, est) in enumerate(list(distinct.values())[:SEED_TOP]):
+        out.append((plan, est))
+        if deadline.expired():
+            continue
+        sub = deadline.child(deadline.remaining / (SEED_TOP - i))
+        better = modernize(plan, est, ctx.cost_model, legality=rules, allow_fp8=fp8_allowed(ctx.job), deadline=sub,
+                           max_estimates=SEED_ESTIMATES)
+        if better[0] is not plan:
+            out.append(better)
+    return out
+
