@@ -30,6 +30,8 @@ CLUSTERS = {
     "l40s-v100": [("L40S", 1, 4), ("V100-32", 1, 4)],
 }
 PLANNERS = ("arachne", "megatron")
+POSTPASS = ("amp", pytest.param("metis", marks=pytest.mark.slow), "flashflex", "sailor")
+"""Baselines given fp8 by the shared baseline driver's post-pass (metis searches ~20 s here: slow tier)."""
 
 
 @cache
@@ -74,7 +76,7 @@ def test_check_precision_takes_fp8_only_where_asked():
 
 
 # ---- the planners -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize("planner", PLANNERS + POSTPASS)
 def test_fp8_on_h100_is_used_and_faster(planner):
     bf16, e16 = planned(planner, "h100", "Llama-3.1-8B", 64, 4096, "bf16")
     fp8, e8 = planned(planner, "h100", "Llama-3.1-8B", 64, 4096, "fp8")
@@ -83,7 +85,7 @@ def test_fp8_on_h100_is_used_and_faster(planner):
     validate_plan(fp8, cluster("h100"), load_model("Llama-3.1-8B"))
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize("planner", PLANNERS + POSTPASS)
 def test_no_fp8_on_a100(planner):
     _, e16 = planned(planner, "a100", "Llama-3.1-8B", 64, 4096, "bf16")
     fp8, e8 = planned(planner, "a100", "Llama-3.1-8B", 64, 4096, "fp8")

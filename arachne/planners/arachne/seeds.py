@@ -178,16 +178,17 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
             continue
         splits, counts, _ = r
         even = even_counts(counts)
-        plans = []
+        plans: list[Plan | None] = []
         for lay in lays:  # pipeline order, and stage order (a stage's replicas share nodes: a cheap reduction)
-            plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
             if even is not None:
                 plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, even))
-        lock = merged(plans[-1]) if plans[-1] is not None else None
+            plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
+        # the lock-step form first (the framework's own structure), then the even and rule shares
+        plans.insert(0, merged(plans[0]) if plans[0] is not None else None)
         out = []
-        for plan in plans + [lock]:
+        for plan in plans:
             best = None
-            for cand in {id(c): c for c in (plan, overlapped(plan) if plan is not None else None)}.values():
+            for cand in {id(c): c for c in (overlapped(plan) if plan is not None else None, plan)}.values():
                 if cand is None or not ok(cand) or (deadline is not None and deadline.expired()):
                     continue
                 est = cm.estimate(cand, validate=False)
@@ -285,7 +286,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
 
     lead = min(found, key=lambda r: score(r[1]), default=None)  # the incumbent: its GPU types are seeded first
     types = {cluster.devices[d].gpu.name for d in lead[0].devices} if lead is not None else None
-    seeds = sorted(seed_plans(ctx, deadline.child(deadline.remaining * 0.6), rules, ok, types),
+    seeds = sorted(seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types),
                    key=lambda r: bound(r[1]))
     distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
     for r in seeds:

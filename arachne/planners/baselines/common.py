@@ -299,6 +299,14 @@ def ep_variants(plan: Plan, model: ModelSpec) -> list[Plan]:
     return [plan, ep] if hash(ep) != hash(plan) else [plan]
 
 
+def fp8_variant(plan: Plan, cluster: Cluster) -> Plan | None:
+    """The plan with FP8 GEMMs (``precision: fp8``, Transformer Engine's recipe on bf16) when every GPU it
+    uses has an FP8 rate, else None: what a user of any framework switches on for an fp8 job."""
+    if plan.precision != "bf16" or not all(cluster.device(d).gpu.fp8_tflops is not None for d in plan.devices):
+        return None
+    return plan.model_copy(update={"precision": "fp8"})
+
+
 def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, deadline: Deadline, grace_s: float,
                  variants: Callable[[Plan], list[Plan]] | None = None) -> tuple[list[Plan], list[float], int, int]:
     """§9 harness rule: walk the native ranking, drop plans that do not fit under the common model,
@@ -327,6 +335,11 @@ def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, 
     return plans, scores, dropped, invalid
 
 
+def _with_fp8(plan: Plan, base: Callable[[Plan], list[Plan]] | None, cluster: Cluster) -> list[Plan]:
+    out = base(plan) if base else [plan]
+    return out + [v for p in out if (v := fp8_variant(p, cluster)) is not None]
+
+
 class BaselinePlanner:
     """Shared driver: sub-cluster choice, timing, ranking, EP post-pass, harness walk."""
 
@@ -334,6 +347,7 @@ class BaselinePlanner:
     uniform_nodes = True        # §11.6: the algorithm assumes one node size
     harness = True              # walk the native ranking for plans that fit (§9)
     native_ep = False           # the algorithm itself chooses ep (Megatron)
+    native_fp8 = False          # the algorithm itself chooses fp8 (the Megatron grid's --fp8-format)
 
     def __init__(self, quirks: bool = False, ep_postpass: bool = False):
         self.quirks = quirks
@@ -361,6 +375,9 @@ class BaselinePlanner:
                                  "ep = 1 (the algorithm cannot express expert parallelism)")
             if self.ep_postpass:
                 variants = partial(ep_variants, model=model)
+        if job.fp8 and not self.native_fp8:  # each plan also as its fp8 variant (kept where it fits and is faster)
+            stats.notes["fp8"] = "post-pass: fp8 where every GPU of the plan has an FP8 rate, kept where faster"
+            variants = partial(_with_fp8, base=variants, cluster=sub)
         k = max(1, budget.top_k)
         if self.harness:
             plans, scores, dropped, invalid = harness_walk(ranked, cost_model, k, deadline,

@@ -66,6 +66,7 @@ class MegatronPlanner(BaselinePlanner):
     uniform_nodes = False   # H-a takes a uniform subset per type itself
     harness = False         # only fitting plans are kept, so the ranking is already the harness's
     native_ep = True
+    native_fp8 = True       # the --fp8-format knob (MegatronKnobs.fp8)
 
     def __init__(self, oblivious: bool = False, uneven: bool = False,
                  micro_batch_sizes: Sequence[int] = DEFAULT_MBS, recompute: bool = True, zero: bool = True,
