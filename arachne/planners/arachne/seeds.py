@@ -9,12 +9,15 @@ micro-batches of four sequences each, partial recomputation) beat the search by 
 25% on 512 GPUs that way.
 
 So the planner always prices, within a small share of its target on the work clock, the uniform grid family:
-the same (tp, pipeline depth) on every device class together (each class its own pipelines, so a slower type
-is never the pace of a faster one's stages) and on each GPU type alone, at the shallowest depths that fit,
-every micro-batch size, the batch shared by the completion's rule and evenly (one micro-batch count for every
-replica, as Megatron runs them), with the gradient reduction overlapped. The best few then get the knobs
-(:func:`~.completion.modern.modernize`: per-stage recomputation, ZeRO, ...). Every estimate is counted by the
-work clock (the cost model's counters), and the layer splits and placements by ``ctx.work``."""
+the same (tp, pipeline depth) on every GPU type together (each type its own pipelines, a type split across node
+sizes pooled) and on each type alone, starting from the incumbent plan's types and tp degrees, at the
+shallowest depth that fits and the next depth that leaves the fewest GPUs idle, with as many pipelines as
+divide the batch (Megatron's dp must) and as many as fit, at the largest micro-batch sizes and the fastest by
+the completion's time model, the batch shared by the completion's rule and evenly, also in Megatron's
+lock-step form (one pipeline whose stages are data parallel over all replicas), each with and without the
+gradient reduction overlapped. The best few then get the knobs (:func:`~.completion.modern.modernize`:
+per-stage recomputation, ZeRO, ...). Every estimate is counted by the work clock (the cost model's counters),
+and the layer splits and placements by ``ctx.work``."""
 
 from __future__ import annotations
 
@@ -30,7 +33,13 @@ from arachne.planners.arachne.completion.place import cap_replicas, placements
 from arachne.planners.arachne.completion.price import build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.rules_view import template_ok
-from arachne.planners.arachne.template import Group, Slot, Template, slot_fits_nodes, tp_options
+from arachne.planners.arachne.template import (
+    Group,
+    Slot,
+    Template,
+    slot_fits_nodes,
+    tp_options,
+)
 from arachne.planners.protocol import Deadline
 from arachne.spec.runtimes import Legality
 
@@ -201,6 +210,14 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
     return []
 
 
+def batch_shares(tpl: Template, gbs: int) -> list[Template]:
+    """``tpl`` with as many pipelines as divide the batch evenly (first: Megatron's data parallelism must divide
+    it: 192 of 204 replicas for a batch of 384), then as it is."""
+    n = sum(g.replicas for g in tpl.groups)
+    even = max(r for r in range(1, n + 1) if gbs % r == 0)
+    return [cap_replicas(tpl, even), tpl] if even < n else [tpl]
+
+
 def gpus_used(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> int:
     """GPUs of ``subset`` that :func:`uniform_template` puts to work at (``tp``, ``stages``)."""
     return sum(n // (stages * tp) * stages * tp for _, n in pools(ctx, subset, tp))
@@ -225,10 +242,11 @@ def next_depth(ctx: PlanningContext, subset: tuple[int, ...], tp: int, first: in
 
 
 def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None = None,
-               ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None) -> list[Priced]:
+               ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None,
+               tps: set[int] | None = None) -> list[Priced]:
     """The uniform grid family (module docstring), priced while ``deadline`` lasts: every fitting plan. Per class
-    subset (:func:`class_subsets`, ``first`` the GPU types to start from) and tp, the shallowest depth of
-    :data:`STAGE_COUNTS` that fits, then :func:`next_depth`."""
+    subset (:func:`class_subsets`, ``first`` the GPU types to start from) and tp (``tps`` first, then the rest
+    ascending), the shallowest depth of :data:`STAGE_COUNTS` that fits; then each one :func:`next_depth`."""
     L = ctx.model.num_layers
     out: list[Priced] = []
 
@@ -240,16 +258,17 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             return []
         found: list[Priced] = []
         cache: dict = {}
-        for mbs in seed_sizes(tpl, ctx, cache):
-            if deadline.expired():
-                break
-            found += complete_seed(tpl, ctx, mbs, ok, cache, deadline)
+        for t in batch_shares(tpl, ctx.job.global_batch_size):
+            for mbs in seed_sizes(t, ctx, cache):
+                if deadline.expired():
+                    break
+                found += complete_seed(t, ctx, mbs, ok, cache, deadline)
         return found
 
-    for subset in class_subsets(ctx, first):
+    shallowest: list[tuple[tuple[int, ...], int, int]] = []
+    for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         node = min(ctx.classes[i].node_size for i in subset)
-        for tp in tp_options(ctx.model, node):
-            first = None
+        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (t not in (tps or ()), t)):
             for S in STAGE_COUNTS:
                 if S > L or deadline.expired():
                     break
@@ -259,12 +278,14 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 if found is None:
                     break
                 if found:
-                    first = S
+                    shallowest.append((subset, tp, S))
                     out += found
                     break
-            deeper = next_depth(ctx, subset, tp, first) if first is not None and SEED_DEPTHS > 1 else None
-            if deeper is not None and not deadline.expired():
-                out += at_depth(subset, tp, deeper) or []
+    for subset, tp, S in shallowest if SEED_DEPTHS > 1 else ():  # then one depth deeper each
+        deeper = next_depth(ctx, subset, tp, S)
+        if deeper is None or deadline.expired():
+            continue
+        out += at_depth(subset, tp, deeper) or []
     return out
 
 
@@ -273,7 +294,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     """The planner's hook: :func:`seed_plans` for :data:`SEED_SHARE` of ``target_s`` on ``clock`` (never past
     ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower
     is better) less the recomputation they could drop; every plan returned fits and breaks no rule of ``legality``.
-    ``found``: the plans the search priced (the best one's GPU types are seeded first)."""
+    ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first)."""
     deadline = Deadline(SEED_SHARE * target_s, clock, cap)
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
@@ -286,7 +307,8 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
 
     lead = min(found, key=lambda r: score(r[1]), default=None)  # the incumbent: its GPU types are seeded first
     types = {cluster.devices[d].gpu.name for d in lead[0].devices} if lead is not None else None
-    seeds = sorted(seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types),
+    tps = {st.tp for p in lead[0].pipelines for st in p.stages} if lead is not None else None
+    seeds = sorted(seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps),
                    key=lambda r: bound(r[1]))
     distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
     for r in seeds:
@@ -298,7 +320,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
             continue
         sub = deadline.child(deadline.remaining / (SEED_TOP - i))
         better = modernize(plan, est, ctx.cost_model, legality=rules, allow_fp8=fp8_allowed(ctx.job), deadline=sub,
-                           max_estimates=SEED_ESTIMATES)
+                           max_estimates=SEED_ESTIMATES, work=ctx.work)
         if better[0] is not plan:
             out.append(better)
     return out

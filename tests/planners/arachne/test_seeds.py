@@ -43,7 +43,9 @@ def test_even_counts_only_where_the_batch_divides():
 def test_merged_is_one_lock_step_pipeline_over_the_same_devices():
     ctx = ctx_for(CLOUD)
     tpl = Template(tuple(Group((Slot(c.index, 1),), c.count) for c in ctx.classes))
-    (plan, est), *_ = seeds.complete_seed(tpl, ctx, 4, lambda _p: True)
+    priced = seeds.complete_seed(tpl, ctx, 4, lambda _p: True)
+    assert any(len(p.pipelines) == 1 for p, _ in priced)  # the lock-step form is priced too
+    plan = next(p for p, _ in priced if len(p.pipelines) > 1)
     lock = seeds.merged(plan)
     assert lock is not None and len(lock.pipelines) == 1
     (st,) = lock.pipelines[0].stages
