@@ -44,6 +44,15 @@ from arachne.spec.runtimes import Legality
 WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
 
 
+def _post_share() -> float:
+    """The target's share kept for the passes after the search (the seeds and the modern knobs), so that the
+    whole run keeps to the target."""
+    from arachne.planners.arachne.completion.modern import MODERN_SHARE
+    from arachne.planners.arachne.seeds import SEED_SHARE
+
+    return SEED_SHARE + MODERN_SHARE
+
+
 class ArachnePlanner:
     """Top-k templates from the learned policy plus rule-based floor templates, ordered for screening
     by the learned ranker, completed and priced, then a short priced local refinement of the best one.
@@ -132,10 +141,12 @@ class ArachnePlanner:
         """One search over the cluster's classes (``parts``: odd nodes by parts) with ``share`` of the target;
         ``fallback``: where nothing fits, the priced teacher and then every template while the budget lasts."""
         o = self.options
-        full_target = min(o.target.target_s * share, deadline.remaining)
+        whole = min(o.target.target_s * share, deadline.remaining)
+        # the seeds' and the knobs' passes run after the search, within the same target: the search gets the rest
+        full_target = whole * (1 - _post_share()) if o.ablation.modern_knobs else whole
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
-        base = BASE_TARGET_S * share
+        base = BASE_TARGET_S * share * (full_target / whole if whole > 0 else 1.0)
         extend = o.ablation.mode == "policy" and o.ablation.use_floor and not o.ablation.rank_k and full_target > base
         target = base if extend else full_target
         polish_at = target * (1 - o.shares.polish_share) if self._polishes else target
@@ -144,7 +155,7 @@ class ArachnePlanner:
         stats = SearchStats()
         # the latency target runs on the work clock; the wall clock only guards against a machine many
         # times slower than the one the work rates were fitted on
-        guard = Deadline(min(deadline.remaining, WALL_GUARD * full_target + 1.0))
+        guard = Deadline(min(deadline.remaining, WALL_GUARD * whole + 1.0))
         work = WorkClock(ctx.work, cost_model)
         run = Deadline(full_target, work if o.target.clock == "work" else time.perf_counter, guard)
         policy = self.policy or (shipped_policy() if o.ablation.mode == "policy" else None)
@@ -258,10 +269,10 @@ class ArachnePlanner:
         if o.ablation.modern_knobs:  # formats-v2 knobs on the best plans (completion/modern.py)
             from arachne.planners.arachne.seeds import seed_pass  # the uniform grid family, overlapped (seeds.py)
 
-            polished += seed_pass(ctx, self.legality, run.clock, full_target, deadline, self._score,
+            polished += seed_pass(ctx, self.legality, run.clock, whole, deadline, self._score,
                                   pricer.results() + polished)
             polished += modern_pass(pricer.results() + polished, cost_model, job, self.legality, run.clock,
-                                    full_target, deadline, self._score, work=ctx.work)
+                                    whole, deadline, self._score, work=ctx.work)
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]
