@@ -8,6 +8,7 @@ from itertools import zip_longest
 from typing import Any
 
 from arachne.cost import CostModel
+from arachne.plan_rules import uses_v2
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.completion.modern import modern_pass
 from arachne.planners.arachne.completion.polish import polish_splits
@@ -42,6 +43,11 @@ from arachne.spec.model import ModelSpec
 from arachne.spec.runtimes import Legality
 
 WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
+
+
+def _plain_split(plan) -> bool:
+    """A version-1 plan whose stages each hold one contiguous layer range (what polishing moves)."""
+    return not uses_v2(plan) and all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
 
 
 def _post_share() -> float:
@@ -153,6 +159,16 @@ class ArachnePlanner:
         ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts, **asdict(o.completion))
         pricer = RulePricer(ctx, rules=planner_rules(self.legality)) if self.legality is not None else Pricer(ctx)
         stats = SearchStats()
+
+        def post(span: float, polished: list) -> list:
+            """The passes after the search, for their shares of ``span`` on the run's clock: the seeds (the
+            uniform grid family, seeds.py), then the formats-v2 knobs on the best plans (completion/modern.py)."""
+            from arachne.planners.arachne.seeds import seed_pass
+
+            out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished)
+            return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
+                                     span, deadline, self._score, work=ctx.work)
+
         # the latency target runs on the work clock; the wall clock only guards against a machine many
         # times slower than the one the work rates were fitted on
         guard = Deadline(min(deadline.remaining, WALL_GUARD * whole + 1.0))
@@ -259,6 +275,10 @@ class ArachnePlanner:
                     break
                 pricer.price_state(st)
             polished = self._polish(pricer, [], cost_model, target, run)
+            if extend and pricer.best() is not None and o.ablation.modern_knobs:
+                # what the default target returns (its passes after the search, as it runs them) stays in the
+                # pool, so a longer target never returns a slower plan
+                polished += post(BASE_TARGET_S * share, polished)
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - run.elapsed, 3)
                 end = full_target * (1 - o.shares.polish_share) if self._polishes else full_target
@@ -266,13 +286,8 @@ class ArachnePlanner:
                 self._extend(ctx, pricer, screened, run.child(end - run.elapsed), lead,
                              [st for st in rest if id(st) not in seen])
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
-        if o.ablation.modern_knobs:  # formats-v2 knobs on the best plans (completion/modern.py)
-            from arachne.planners.arachne.seeds import seed_pass  # the uniform grid family, overlapped (seeds.py)
-
-            polished += seed_pass(ctx, self.legality, run.clock, whole, deadline, self._score,
-                                  pricer.results() + polished)
-            polished += modern_pass(pricer.results() + polished, cost_model, job, self.legality, run.clock,
-                                    whole, deadline, self._score, work=ctx.work)
+        if o.ablation.modern_knobs:
+            polished += post(whole, polished)
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]
@@ -295,7 +310,8 @@ class ArachnePlanner:
         plans found are added to ``polished``."""
         if not self._polishes:
             return polished
-        top = sorted(pricer.results() + polished, key=lambda r: -r[1].tokens_per_s)[:3]
+        top = sorted((r for r in pricer.results() + polished if _plain_split(r[0])),  # v1 splits only
+                     key=lambda r: -r[1].tokens_per_s)[:3]
         sub = run.child(max(0.05, until - run.elapsed))
         for plan, est in top:
             better = polish_splits(plan, est, cost_model, deadline=sub)
