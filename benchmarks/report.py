@@ -82,8 +82,9 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                                    "to arachne", "python -m benchmarks replan-trace --trace steady-growth"),
     "replan-trace-rack-failure": ("Re-planning over a synthetic rack-failure trace", "tokens trained, relative "
                                   "to arachne", "python -m benchmarks replan-trace --trace rack-failure"),
-    "grid": ("The planners grid, every planner re-run on the current code", "25 cases, each planner in a forked "
-             "child, all plans priced by the current cost model", "python -m benchmarks grid run"),
+    "grid": ("The planners grid, every planner re-run on the current code", "its cases (all 25, or those `--cases` "
+             "names), each planner in a forked child, all plans priced by the current cost model",
+             "python -m benchmarks grid run"),
     "objectives": ("Objectives and runtime presets", "USD per token under --objective cost vs the baselines' plans; "
                    "--runtime megatron vs the Megatron grid", "python -m benchmarks objectives"),
     "cost-model-activations": ("Activation memory vs autograd's saved tensors", "bytes a real bf16 forward on CPU "
