@@ -448,7 +448,7 @@ class CostModel(SyncMixin, PipelineMixin):
         prec = plan.precision
         t_sync, replicas, stage_sync = self._sync(model, plan)
         overlap = plan.overlap_grad_reduce or plan.overlap_param_gather
-        exposed = 0.0
+        finish = 0.0  # with overlap: the latest end of a pipeline's backward plus its exposed reduction
         parts: list[tuple] = []
         max_mem = 0.0
         fits = True
@@ -478,10 +478,11 @@ class CostModel(SyncMixin, PipelineMixin):
             self.estimated_stages += S
             self.estimated_devices += n_devs
             parts.append((pi, p, out_rows, mems))
-            if overlap:
-                exposed = max(exposed, self._exposed_sync(model, plan, p, rows, stage_sync[pi]))
+            if overlap:  # a shared collective: what each pipeline leaves exposed counts from its own end
+                finish = max(finish, T + self._exposed_sync(model, plan, p, rows, stage_sync[pi]))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
+        exposed = max(0.0, finish - worst_pp) if overlap else 0.0
         if z3:  # gradients reduce-scattered per micro-batch, inside the pipeline (zero_comm_s)
             t_sync = exposed = 0.0
         iteration = worst_pp + (exposed if overlap else t_sync) + t_opt

@@ -99,6 +99,7 @@ class PlanningContext:
     by_value_prefixes: bool = True  # the floor's "fastest j classes" also by each class's value alone
     wide_small_batch: bool = True  # the floor's one-stage slots across nodes for a batch smaller than a class
     type_pools: bool = True  # pipelines over a GPU type pooled across its node sizes, priced after refinement
+    sequence_parallel: bool = False  # stages of tp > 1 built and sized with sequence parallelism (version 2)
     _profiles: dict[tuple, SlotProfile] = field(default_factory=dict)
     _stages: dict[tuple, Stage] = field(default_factory=dict)
     _pipelines: dict[tuple, Pipeline] = field(default_factory=dict)
@@ -127,7 +128,8 @@ class PlanningContext:
         hit = self._stages.get(key)
         if hit is None:
             hit = self._stages[key] = _like(_STAGE, layers=layers, devices=devices, tp=tp, dp=dp if dp > 1 else None,
-                                            ep=ep, recompute=recompute)
+                                            ep=ep, recompute=recompute,
+                                            sequence_parallel=self.sequence_parallel and tp > 1)
         return hit
 
     def pipeline(self, micro_batches: int, stages: tuple[Stage, ...], micro_batch_size: int | None) -> Pipeline:
@@ -169,7 +171,7 @@ class PlanningContext:
         # memory: linear in layers; measure the pieces with the cost model's own function
         S = max(2, num_stages)
         kw = dict(model=m, num_stages=S, tp=tp, ep=ep, b=b, precision=prec, seq=seq, zero_shards=zero_shards,
-                  replicated=zero_shards > 1, recompute=recompute)
+                  replicated=zero_shards > 1, recompute=recompute, sp=self.sequence_parallel and tp > 1)
         fixed0 = cm.stage_memory(layers=(0, 0), first=False, last=False, in_flight_mbs=0, **kw).total
         recompute_peak = 0.0
         if recompute:

@@ -10,7 +10,7 @@ from typing import Any
 from arachne.cost import CostModel
 from arachne.plan_rules import uses_v2
 from arachne.planners.arachne.actions import State
-from arachne.planners.arachne.completion.modern import modern_pass
+from arachne.planners.arachne.completion.modern import MODERN_SHARE, modern_pass
 from arachne.planners.arachne.completion.polish import polish_splits
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.learned.features import FeatureBuilder
@@ -165,7 +165,11 @@ class ArachnePlanner:
             uniform grid family, seeds.py), then the formats-v2 knobs on the best plans (completion/modern.py)."""
             from arachne.planners.arachne.seeds import seed_pass
 
-            out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished)
+            # the seeds also get what the search left of the target (a search that stops early: nothing fits
+            # without context parallelism, or a small cluster's space is spent)
+            left = span * (1 - MODERN_SHARE) - run.elapsed
+            out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished,
+                            seconds=left)
             return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
                                      span, deadline, self._score, work=ctx.work)
 

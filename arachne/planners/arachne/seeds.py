@@ -32,6 +32,7 @@ from arachne.planners.arachne.completion.modern import fp8_allowed, modernize
 from arachne.planners.arachne.completion.place import cap_replicas, placements
 from arachne.planners.arachne.completion.price import build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.rules_view import template_ok
 from arachne.planners.arachne.template import (
     Group,
@@ -92,6 +93,31 @@ def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, sta
             groups.append(Group((Slot(first, tp, pool=pooled),) * stages, reps))
     tpl = Template(tuple(groups))
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
+
+
+def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
+    """The type-oblivious grid's structure: as many replicas as possible of one pipeline of ``stages`` stages of
+    ``tp`` GPUs over every GPU type of ``subset``, each type serving consecutive stages in proportion to its GPUs
+    (the first types first); None with fewer than two types in it (:func:`uniform_template` is that)."""
+    pl = pools(ctx, subset, tp)
+    if len(pl) < 2:
+        return None
+    for reps in range(sum(n for _, n in pl) // (stages * tp), 0, -1):
+        ks = [n // (reps * tp) for _, n in pl]
+        if sum(ks) < stages:
+            continue
+        left, take = stages, []
+        for k in ks:
+            take.append(min(k, left))
+            left -= take[-1]
+        used = [(first, k) for (first, _), k in zip(pl, take) if k]
+        if len(used) < 2:
+            return None
+        slots = tuple(Slot(first, tp, pool=sum(n for f, n in pl if f == first) > ctx.classes[first].count)
+                      for first, k in used for _ in range(k))
+        tpl = Template((Group(slots, reps),))
+        return tpl if tpl.fits_counts(ctx.classes) else None
+    return None
 
 
 def even_counts(counts: list[int]) -> list[int] | None:
@@ -169,13 +195,15 @@ def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict) -> list[int]:
 
 
 def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[Plan], bool],
-                  cache: dict | None = None, deadline: Deadline | None = None) -> list[Priced]:
+                  cache: dict | None = None, deadline: Deadline | None = None,
+                  convert: Callable[[Plan], Plan | None] | None = None) -> list[Priced]:
     """``tpl`` at micro-batch size ``mbs``, without recomputation or (if nothing fits without) with it, the batch
     shared by the completion's rule and evenly on each placement, and evenly in Megatron's lock-step form
     (:func:`merged`), each with and
     without the gradient reduction overlapped (overlap pays only where one micro-batch's backward is long enough
     to hide the reduction's buckets behind): the faster of each that fits. ``cache``: placements by template (see
-    :func:`_placed`); no estimate once ``deadline`` expires."""
+    :func:`_placed`); no estimate once ``deadline`` expires. ``convert``: each plan is rewritten by it before it is
+    priced (a proxy job's plan as the real job's, :mod:`.long_context`; None: not a candidate)."""
     cm = ctx.cost_model
     t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
     lays = _placed(t, ctx, {} if cache is None else cache)
@@ -194,6 +222,8 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
             plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
         # the lock-step form first (the framework's own structure), then the even and rule shares
         plans.insert(0, merged(plans[0]) if plans[0] is not None else None)
+        if convert is not None:
+            plans = [convert(p) if p is not None else None for p in plans]
         out = []
         for plan in plans:
             best = None
@@ -210,11 +240,17 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
     return []
 
 
-def batch_shares(tpl: Template, gbs: int) -> list[Template]:
+def batch_shares(tpl: Template, gbs: int, multiple: int = 1) -> list[Template]:
     """``tpl`` with as many pipelines as divide the batch evenly (first: Megatron's data parallelism must divide
-    it: 192 of 204 replicas for a batch of 384), then as it is."""
+    it: 192 of 204 replicas for a batch of 384), then as it is; ``multiple``: pipeline counts a multiple of it
+    only (the context-parallel seeds merge that many)."""
     n = sum(g.replicas for g in tpl.groups)
-    even = max(r for r in range(1, n + 1) if gbs % r == 0)
+    counts = [r for r in range(multiple, n + 1, multiple) if gbs % r == 0]
+    if not counts:
+        return []
+    even = max(counts)
+    if multiple > 1:
+        return [cap_replicas(tpl, r) for r in dict.fromkeys([even, n - n % multiple])]
     return [cap_replicas(tpl, even), tpl] if even < n else [tpl]
 
 
@@ -243,26 +279,30 @@ def next_depth(ctx: PlanningContext, subset: tuple[int, ...], tp: int, first: in
 
 def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None = None,
                ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None,
-               tps: set[int] | None = None) -> list[Priced]:
+               tps: set[int] | None = None, multiple: int = 1,
+               convert: Callable[[Plan], Plan | None] | None = None, mixed: bool = False) -> list[Priced]:
     """The uniform grid family (module docstring), priced while ``deadline`` lasts: every fitting plan. Per class
     subset (:func:`class_subsets`, ``first`` the GPU types to start from) and tp (``tps`` first, then the rest
-    ascending), the shallowest depth of :data:`STAGE_COUNTS` that fits; then each one :func:`next_depth`."""
+    ascending), the shallowest depth of :data:`STAGE_COUNTS` that fits; then each one :func:`next_depth`.
+    ``multiple`` and ``convert``: see :func:`batch_shares` and :func:`complete_seed`; ``mixed``: at each depth
+    the type-oblivious pipeline (:func:`mixed_template`) too."""
     L = ctx.model.num_layers
     out: list[Priced] = []
 
     def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
-        tpl = uniform_template(ctx, subset, tp, S)
-        if tpl is None:
+        tpls = [uniform_template(ctx, subset, tp, S)] + ([mixed_template(ctx, subset, tp, S)] if mixed else [])
+        if all(t is None for t in tpls):
             return None
-        if legality is not None and not template_ok(tpl, legality):
-            return []
         found: list[Priced] = []
-        cache: dict = {}
-        for t in batch_shares(tpl, ctx.job.global_batch_size):
-            for mbs in seed_sizes(t, ctx, cache):
-                if deadline.expired():
-                    break
-                found += complete_seed(t, ctx, mbs, ok, cache, deadline)
+        for tpl in tpls:
+            if tpl is None or (legality is not None and not template_ok(tpl, legality)):
+                continue
+            cache: dict = {}
+            for t in batch_shares(tpl, ctx.job.global_batch_size, multiple):
+                for mbs in seed_sizes(t, ctx, cache):
+                    if deadline.expired():
+                        break
+                    found += complete_seed(t, ctx, mbs, ok, cache, deadline, convert)
         return found
 
     shallowest: list[tuple[tuple[int, ...], int, int]] = []
@@ -290,12 +330,14 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
 
 def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[], float], target_s: float,
-              cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = ()) -> list[Priced]:
+              cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = (),
+              seconds: float | None = None) -> list[Priced]:
     """The planner's hook: :func:`seed_plans` for :data:`SEED_SHARE` of ``target_s`` on ``clock`` (never past
     ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower
     is better) less the recomputation they could drop; every plan returned fits and breaks no rule of ``legality``.
-    ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first)."""
-    deadline = Deadline(SEED_SHARE * target_s, clock, cap)
+    ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first);
+    ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target)."""
+    deadline = Deadline(max(SEED_SHARE * target_s, seconds or 0.0), clock, cap)
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
 
@@ -308,8 +350,12 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     lead = min(found, key=lambda r: score(r[1]), default=None)  # the incumbent: its GPU types are seeded first
     types = {cluster.devices[d].gpu.name for d in lead[0].devices} if lead is not None else None
     tps = {st.tp for p in lead[0].pipelines for st in p.stages} if lead is not None else None
-    seeds = sorted(seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps),
-                   key=lambda r: bound(r[1]))
+    if long_sequence(ctx):  # half of the family's time on plans with context parallelism built in
+        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.35), rules, ok, types, tps)
+        seeds += cp_seed_plans(ctx, deadline.child(deadline.remaining * 0.35 / 0.65), rules, ok, types, tps)
+    else:
+        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps)
+    seeds.sort(key=lambda r: bound(r[1]))
     distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
     for r in seeds:
         distinct.setdefault(round(r[1].iteration_time_s, 9), r)

@@ -40,9 +40,10 @@ def test_the_knobs_tally_every_variant_they_price_and_the_clock_charges_it():
     w = clock.tally()
     assert 0 < w.knob_plans <= cm.estimates - n0 <= 20  # every variant priced is one estimate (some may fail)
     assert w.knob_stages >= w.knob_plans * min(len(p.stages) for p in plan.pipelines)
-    assert RATES["knob_plans"] > 0 and RATES["knob_stages"] > 0
+    # the variants' estimates are charged by the cost model's counters, and whatever building them costs beyond
+    # that by the knob rates (fitted; 0 where the fit found that time carried by the per-estimate rates)
     charged = w.knob_plans * RATES["knob_plans"] + w.knob_stages * RATES["knob_stages"]
-    assert clock() > charged > 0
+    assert clock() > charged >= 0 and clock() > 0
     before = Work()
     modernize(plan, est, cm, max_estimates=20)  # no tally given: nothing counted anywhere
     assert before == Work()
