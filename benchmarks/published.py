@@ -6,8 +6,8 @@ turned into an arachne cluster and the ``arachne-plan/2`` plan of its configurat
 sequence parallelism, ZeRO stage, recomputation, FP8, ep/etp as stated; what a row leaves unstated comes from
 its source's ``defaults``), priced with ``CostModel(cluster).estimate(plan)``, and compared with the measured
 iteration time (the source's metric converted with the source's convention). A record that used something the
-cost model does not price (``UNPRICED``: sliding-window attention, all-to-all overlapped across micro-batches;
-chunks without a transformer block) is reported in its own group: it is not a fair check of the model.
+cost model does not price (``UNPRICED``: sliding-window attention, all-to-all overlapped across micro-batches,
+a synthetic gate routing each token to adjacent experts; chunks without a transformer block) is reported in its own group: it is not a fair check of the model.
 
 Nothing here is fitted: the records are a check, never a calibration input.
 """
@@ -37,6 +37,8 @@ FEATURES = {
     "mla": "multi-head latent attention",
     "attention_variant": "sliding-window / sink attention: priced as full causal attention (unpriced)",
     "ep_overlap": "all-to-all overlapped with computation across micro-batches (unpriced)",
+    "adjacent_routing": "a synthetic gate sending each token to k adjacent experts: a fraction of uniform top-k's "
+                        "all-to-all bytes (unpriced)",
     "sequence_parallel": "sequence parallelism",
 }
 """Version-2 features a record may use (``extra_features`` names those its configuration fields do not show)."""
@@ -300,7 +302,7 @@ def needs(runs: RunsFile, rec: Record) -> list[str]:
     return sorted(out)
 
 
-UNPRICED = frozenset({"attention_variant", "ep_overlap"})
+UNPRICED = frozenset({"attention_variant", "ep_overlap", "adjacent_routing"})
 """Features the cost model does not price: a record using one is reported apart (not a fair check)."""
 
 

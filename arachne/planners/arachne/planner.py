@@ -21,6 +21,7 @@ from arachne.planners.arachne.learned.ranker import (
     ranked_pool,
     shipped_ranker,
 )
+from arachne.planners.arachne.long_context import long_sequence
 from arachne.planners.arachne.options import BASE_TARGET_S, ArachneOptions
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
@@ -50,13 +51,12 @@ def _plain_split(plan) -> bool:
     return not uses_v2(plan) and all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
 
 
-def _post_share() -> float:
+def _post_share(job: Job) -> float:
     """The target's share kept for the passes after the search (the seeds and the modern knobs), so that the
     whole run keeps to the target."""
-    from arachne.planners.arachne.completion.modern import MODERN_SHARE
-    from arachne.planners.arachne.seeds import SEED_SHARE
+    from arachne.planners.arachne.seeds import seed_share
 
-    return SEED_SHARE + MODERN_SHARE
+    return seed_share(job) + MODERN_SHARE
 
 
 class ArachnePlanner:
@@ -149,7 +149,7 @@ class ArachnePlanner:
         o = self.options
         whole = min(o.target.target_s * share, deadline.remaining)
         # the seeds' and the knobs' passes run after the search, within the same target: the search gets the rest
-        full_target = whole * (1 - _post_share()) if o.ablation.modern_knobs else whole
+        full_target = whole * (1 - _post_share(job)) if o.ablation.modern_knobs else whole
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
         base = BASE_TARGET_S * share * (full_target / whole if whole > 0 else 1.0)
@@ -159,6 +159,7 @@ class ArachnePlanner:
         ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts, **asdict(o.completion))
         pricer = RulePricer(ctx, rules=planner_rules(self.legality)) if self.legality is not None else Pricer(ctx)
         stats = SearchStats()
+        early: list = []  # the passes after the search, run before the fallback (long sequences)
 
         def post(span: float, polished: list) -> list:
             """The passes after the search, for their shares of ``span`` on the run's clock: the seeds (the
@@ -248,7 +249,11 @@ class ArachnePlanner:
             stats.notes["screened"] = len(screened)
             stats.timed_out = deadline.expired()
             best = pricer.best()
-            if best is None and mode != "random" and fallback and not deadline.expired():
+            if best is None and o.ablation.modern_knobs and long_sequence(ctx):
+                # long sequences: the seeds with context parallelism before the wide fallback below, which
+                # would spend the whole budget on layouts that cannot fit without it
+                early = post(whole, [])
+            if best is None and not early and mode != "random" and fallback and not deadline.expired():
                 # memory is tight: the priced teacher, then the whole template space, while the budget lasts
                 teacher_search(ctx, pricer, o.search.teacher_beam, deadline)
                 best = pricer.best()
@@ -291,7 +296,7 @@ class ArachnePlanner:
                              [st for st in rest if id(st) not in seen])
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
         if o.ablation.modern_knobs:
-            polished += post(whole, polished)
+            polished += early or post(whole, polished)
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]

@@ -28,7 +28,7 @@ from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import PLAN_FORMAT_V2, Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS
 from arachne.planners.arachne.completion.batch import mbs_candidates
-from arachne.planners.arachne.completion.modern import fp8_allowed, modernize
+from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize
 from arachne.planners.arachne.completion.place import cap_replicas, placements
 from arachne.planners.arachne.completion.price import build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
@@ -46,6 +46,9 @@ from arachne.spec.runtimes import Legality
 
 SEED_SHARE = 0.08
 """The seeds' work (completion, pricing and their knobs), as a share of the planner's target on its clock."""
+LONG_SEED_SHARE = 0.3
+"""The same for sequences of :data:`~.completion.modern.LONG_SEQUENCE` tokens or more, where half of it goes to
+the context-parallel family (:mod:`.long_context`): the search has no cp."""
 SEED_DEPTHS = 2
 """Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`."""
 SEED_SIZES = 3
@@ -308,7 +311,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     shallowest: list[tuple[tuple[int, ...], int, int]] = []
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         node = min(ctx.classes[i].node_size for i in subset)
-        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (t not in (tps or ()), t)):
+        # tp ascending (the fewest collectives first); with cp (``multiple``) descending: at long sequences the
+        # widest groups are the likeliest to fit, and each depth that does not costs a completion
+        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (t not in (tps or ()), -t if multiple > 1 else t)):
             for S in STAGE_COUNTS:
                 if S > L or deadline.expired():
                     break
@@ -329,15 +334,21 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     return out
 
 
+def seed_share(job) -> float:
+    """The seeds' share of the planner's target for ``job`` (:data:`SEED_SHARE`, :data:`LONG_SEED_SHARE`)."""
+    return LONG_SEED_SHARE if job.sequence_length >= LONG_SEQUENCE else SEED_SHARE
+
+
 def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[], float], target_s: float,
               cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = (),
               seconds: float | None = None) -> list[Priced]:
-    """The planner's hook: :func:`seed_plans` for :data:`SEED_SHARE` of ``target_s`` on ``clock`` (never past
-    ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower
-    is better) less the recomputation they could drop; every plan returned fits and breaks no rule of ``legality``.
+    """The planner's hook: :func:`seed_plans` for :func:`seed_share` of ``target_s`` on ``clock`` (never past
+    ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower is
+    better) less the recomputation they could drop, and on the fastest by ``score`` when it is not one of them;
+    every plan returned fits and breaks no rule of ``legality``.
     ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first);
     ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target)."""
-    deadline = Deadline(max(SEED_SHARE * target_s, seconds or 0.0), clock, cap)
+    deadline = Deadline(max(seed_share(ctx.job) * target_s, seconds or 0.0), clock, cap)
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
 
@@ -359,12 +370,19 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
     for r in seeds:
         distinct.setdefault(round(r[1].iteration_time_s, 9), r)
+    ranked = list(distinct.values())
+    top = ranked[:SEED_TOP]
+    # and the fastest seed as priced: a plan the bound favours for the recomputation it might drop can keep it
+    # (no memory to spare), and the fastest must not be lost behind it
+    fastest = min(ranked, key=lambda r: score(r[1]), default=None)
+    if fastest is not None and fastest not in top:
+        top.append(fastest)
     out: list[Priced] = []
-    for i, (plan, est) in enumerate(list(distinct.values())[:SEED_TOP]):
+    for i, (plan, est) in enumerate(top):
         out.append((plan, est))
         if deadline.expired():
             continue
-        sub = deadline.child(deadline.remaining / (SEED_TOP - i))
+        sub = deadline.child(deadline.remaining / (len(top) - i))
         better = modernize(plan, est, ctx.cost_model, legality=rules, allow_fp8=fp8_allowed(ctx.job), deadline=sub,
                            max_estimates=SEED_ESTIMATES, work=ctx.work)
         if better[0] is not plan:

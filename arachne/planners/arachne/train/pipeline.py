@@ -106,7 +106,7 @@ def run_pipeline(cfg: PipelineConfig, out_dir: Path, progress: Callable | None =
     train_records = [r for lab in labelled for r in lab.records]
     val_records = [r for lab in val_labelled for r in lab.records]
     log(f"round 1: {len(train_records)} decisions from {len(problems)} problems "
-        f"(teacher {np.mean([l.seconds for l in labelled]):.1f} s/problem)")
+        f"(teacher {np.mean([lab.seconds for lab in labelled]):.1f} s/problem)")
     info = {"config": _jsonable(cfg), "trained_at": time.strftime("%Y-%m-%d"), "rounds": [], "pooled_actions": True}
     policy, curve = train_policy(train_records, val_records, cfg.train, info)
     info["rounds"].append({"round": 1, "decisions": len(train_records), "curve": curve})
