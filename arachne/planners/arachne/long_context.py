@@ -94,12 +94,13 @@ def cp_from_proxy(plan: Plan, c: int, sequence_length: int, global_batch_size: i
 
 def cp_seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None,
                   ok: Callable[[Plan], bool], first: set[str] | None, tps: set[int] | None) -> list:
-    """The uniform grid family at each degree of :data:`CP_SEED_DEGREES` (an equal share of ``deadline``
-    each), completed on the proxy job and priced as the real job's cp plans: every fitting one."""
+    """The uniform grid family at each degree of :data:`CP_SEED_DEGREES`, the largest first (an equal share of
+    what ``deadline`` has left each: a degree whose family fits nowhere ends early and leaves its time to the
+    next), completed on the proxy job and priced as the real job's cp plans: every fitting one."""
     from arachne.planners.arachne.seeds import seed_plans
 
     out: list = []
-    degrees = [c for c in CP_SEED_DEGREES if ctx.job.sequence_length % (2 * c) == 0]
+    degrees = sorted((c for c in CP_SEED_DEGREES if ctx.job.sequence_length % (2 * c) == 0), reverse=True)
     seq, gbs = ctx.job.sequence_length, ctx.job.global_batch_size
     for i, c in enumerate(degrees):
         if deadline.expired():

@@ -361,9 +361,9 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     lead = min(found, key=lambda r: score(r[1]), default=None)  # the incumbent: its GPU types are seeded first
     types = {cluster.devices[d].gpu.name for d in lead[0].devices} if lead is not None else None
     tps = {st.tp for p in lead[0].pipelines for st in p.stages} if lead is not None else None
-    if long_sequence(ctx):  # half of the family's time on plans with context parallelism built in
-        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.35), rules, ok, types, tps)
-        seeds += cp_seed_plans(ctx, deadline.child(deadline.remaining * 0.35 / 0.65), rules, ok, types, tps)
+    if long_sequence(ctx):  # most of the family's time on plans with context parallelism built in
+        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.2), rules, ok, types, tps)
+        seeds += cp_seed_plans(ctx, deadline.child(deadline.remaining * 0.5 / 0.8), rules, ok, types, tps)
     else:
         seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps)
     seeds.sort(key=lambda r: bound(r[1]))
