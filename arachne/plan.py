@@ -119,7 +119,10 @@ class Stage(_V1Dump):
 
     @property
     def dp_size(self) -> int:
-        return self.dp if self.dp is not None else max(1, len(self.devices) // (self.tp * self.cp))
+        dp = self.dp
+        if dp is not None:
+            return dp
+        return len(self.devices) // (self.tp * self.cp) or 1  # max(1, that) without the call (a hot property)
 
     @property
     def etp_size(self) -> int:

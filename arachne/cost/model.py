@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Self
 
 from arachne.cost.calibration import DEFAULT_CALIBRATION, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
@@ -81,6 +82,21 @@ def _slowest(gpus: list[GPUType], precision: str) -> GPUType:
     return min(gpus, key=lambda g: (g.peak_flops(precision), g.hbm_bandwidth))
 
 
+class _Signature(tuple):
+    """A pipeline signature (:meth:`CostModel._pipeline_signature`): a tuple (equal to, and hashing as, the
+    plain tuple of its items) that computes its hash once."""
+
+    _hash: int
+
+    def __new__(cls, items: tuple) -> Self:
+        self = super().__new__(cls, items)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 class CostModel(SyncMixin, PipelineMixin):
     """Prices plans on one cluster. Construct once per cluster; ``estimate`` is cheap when warm."""
 
@@ -101,7 +117,7 @@ class CostModel(SyncMixin, PipelineMixin):
         self._mem_cache: dict[tuple, MemoryBreakdown] = {}
         self._pipe_cache: dict[tuple, tuple] = {}
         self._leader_nodes: dict[tuple, tuple] = {}
-        self._pipe_sigs: dict[tuple, tuple] = {}
+        self._pipe_sigs: dict[tuple, tuple] = {}  # each pipeline signature, interned
         self._pipe_ids: dict[tuple, tuple] = {}  # pipelines' stage objects (by identity) -> their signature
         self._sync_cache: dict[tuple, tuple] = {}
         self._starts: dict[int, tuple] = {}
@@ -404,20 +420,23 @@ class CostModel(SyncMixin, PipelineMixin):
 
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
-        (time, transfers and memory depend on node classes and which stages share a node, not names)."""
-        ids = tuple(map(id, p.stages))
+        (time, transfers and memory depend on node classes and which stages share a node, not names).
+        Cached by the identity of the pipeline's stages (most pipelines a search prices are new, their stages
+        too: computing the signature costs no more than a key of its parts would), and interned: equal
+        signatures are one :class:`_Signature` object, whose hash is computed once (it keys the pipeline cache
+        and each estimate's set of shapes, hashed and compared several times per pipeline priced)."""
+        stages = p.stages
+        ids = tuple(map(id, stages))
         hit = self._pipe_ids.get(ids)
         if hit is not None:  # the entry holds those stages alive, so equal ids are the same (frozen) stages
             return hit[1]
-        key = (tuple((st.layers, st.devices, st.tp, st.dp, st.ep, st.recompute, st.recompute_layers,
-                      st.sequence_parallel, expert_tp(st), st.cp, st.recompute_modules) for st in p.stages),
-               p.virtual_stages)
-        sig = self._pipe_sigs.get(key)
-        if sig is None:
-            sig = self._pipe_sigs[key] = self._new_pipeline_signature(p)
+        sig = _Signature(self._new_pipeline_signature(p))
+        if len(self._pipe_sigs) >= IDENTITY_CACHE_SIZE:
+            self._pipe_sigs.clear()
+        sig = self._pipe_sigs.setdefault(sig, sig)  # one object per signature: equal keys compare by identity
         if len(self._pipe_ids) >= IDENTITY_CACHE_SIZE:
             self._pipe_ids.clear()
-        self._pipe_ids[ids] = (p.stages, sig)
+        self._pipe_ids[ids] = (stages, sig)
         return sig
 
     def _new_pipeline_signature(self, p) -> tuple:
@@ -425,10 +444,22 @@ class CostModel(SyncMixin, PipelineMixin):
         dev_node = self._dev_node
         parts = []
         for st in p.stages:
-            ids = tuple(local.setdefault(dev_node[d], len(local)) for d in st.devices)
-            parts.append((st.layers, st.tp, st.dp_size, st.ep, st.recompute, st.recompute_layers,
-                          st.sequence_parallel, ids, expert_tp(st), st.cp, st.recompute_modules))
-        return tuple(parts), tuple(self._node_class[n] for n in local), p.virtual_stages
+            devs = st.devices
+            if len(devs) == 1:
+                n = dev_node[devs[0]]
+                i = local.get(n)
+                if i is None:
+                    i = local[n] = len(local)
+                ids: tuple[int, ...] = (i,)
+            else:
+                ids = tuple([local.setdefault(dev_node[d], len(local)) for d in devs])
+            dp, cp = st.dp, st.cp
+            # (expert_tp is None without cp > 1 or an etp; dp_size is dp where set: both only skipped calls)
+            parts.append((st.layers, st.tp, dp if dp is not None else st.dp_size, st.ep, st.recompute,
+                          st.recompute_layers, st.sequence_parallel, ids,
+                          expert_tp(st) if cp > 1 or st.etp is not None else None, cp, st.recompute_modules))
+        node_class = self._node_class
+        return tuple(parts), tuple([node_class[n] for n in local]), p.virtual_stages
 
     # ---- the estimate ---------------------------------------------------------------------------
     def estimate(self, plan: Plan, validate: bool = True, source: str = "") -> Estimate:

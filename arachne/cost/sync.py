@@ -16,8 +16,8 @@ IDENTITY_CACHE_SIZE = 100_000  # entries of the caches keyed by stage identity (
 
 
 class SyncMixin:
-    """CostModel's gradient-sync part (uses ``self.network``, ``self._sync_cache``, ``self._starts``,
-    ``self._leader_nodes``, ``self._dev_node``)."""
+    """CostModel's gradient-sync part (uses ``self.network``, ``self._sync_cache``, ``self._leader_nodes``,
+    ``self._dev_node``)."""
 
     def _sync(self, model: ModelSpec, plan: Plan) -> tuple[float, list[tuple[int, ...]], list[tuple[float, ...]]]:
         """The gradient all-reduce time (the slowest stage's), per pipeline the number of replicas of each
@@ -44,27 +44,44 @@ class SyncMixin:
         # all-reduce's tree or NVLink SHARP (docs/cost-model.md, "Communication")
         alg = "ring" if plan.zero_stage >= 1 else None
         L = model.num_layers
-        # segment boundaries: every stage boundary of every pipeline
-        pipes = [_SyncView.of(p) for p in plan.pipelines]  # interleaved: one pseudo-stage per chunk
-        starts = [tuple(st.layers[0] for st in v.stages) if v.fold else self._stage_starts(v.pipe) for v in pipes]
+        # segment boundaries: every stage boundary of every pipeline. An interleaved pipeline (``fold`` = its
+        # stage count) syncs as one pseudo-stage per chunk in model order: its stage's devices (what the sync
+        # reads of a stage besides its first layer), starting at the chunk's first layer
+        views: list[tuple] = []  # per pipeline: its (pseudo-)stages
+        starts: list[tuple[int, ...]] = []
+        folds: list[int] = []
+        for p in plan.pipelines:
+            if p.virtual_stages == 1:
+                views.append(p.stages)
+                starts.append(tuple([st.layers[0] for st in p.stages]))
+                folds.append(0)
+            else:
+                S = len(p.stages)
+                views.append(tuple(p.stages[si] for _ in range(p.virtual_stages) for si in range(S)))
+                starts.append(tuple(p.stages[si].ranges[c][0] for c in range(p.virtual_stages) for si in range(S)))
+                folds.append(S)
         bounds = sorted({0, L}.union(*starts))
         # pipelines with the same stage boundaries hold the same layers stage by stage: aggregate them
         shapes: dict[tuple[tuple[int, ...], int], list[int]] = {}
         for pi, st_starts in enumerate(starts):
-            shapes.setdefault((st_starts, pipes[pi].fold), []).append(pi)
-        agg = []  # per shape, per stage: (dp sum, min tp, max tp, min ep, max ep, leader nodes)
+            shapes.setdefault((st_starts, folds[pi]), []).append(pi)
+        agg = []  # per shape, per stage: (dp sum, min tp, max tp, min ep, max ep, leader nodes, min etp, max etp,
+        # any etp)
+        info, cache = self._sync_stage_info, self._leader_nodes
         for (st_starts, _), pis in shapes.items():
             rows = []
-            for si in range(len(st_starts)):
-                sts = [pipes[pi].stages[si] for pi in pis]
-                nodes: dict[str, int] = defaultdict(int)
-                for st in sts:
-                    for n, k in self._group_leader_nodes(st):
-                        nodes[n] += k
-                tps, eps = [st.tp for st in sts], [st.ep for st in sts]
-                ets = [expert_tp(st) or st.tp for st in sts]
-                rows.append((sum(st.dp_size * st.cp for st in sts), min(tps), max(tps), min(eps), max(eps), nodes,
-                             min(ets), max(ets), any(expert_tp(st) is not None for st in sts)))
+            for col in zip(*[views[pi] for pi in pis]):  # per stage, the shape's pipelines' (equal lengths)
+                infos = [cache.get((st.devices, st.tp, st.dp, st.cp, st.ep, st.etp)) or info(st) for st in col]
+                if len(infos) == 1:  # (a stage's leader nodes are distinct)
+                    nodes: dict[str, int] = dict(infos[0][0])
+                else:
+                    nodes = defaultdict(int)
+                    for inf in infos:
+                        for n, k in inf[0]:
+                            nodes[n] += k
+                _, dps, tps, eps, ets, has_et = zip(*infos)
+                rows.append((sum(dps), min(tps), max(tps), min(eps), max(eps), nodes, min(ets), max(ets),
+                             any(has_et)))
             agg.append((st_starts, rows, [0] * len(st_starts), [0.0] * len(st_starts)))
         for lo, hi in itertools.pairwise(bounds):
             held = [(k, bisect.bisect_right(a[0], lo) - 1) for k, a in enumerate(agg)]
@@ -94,8 +111,8 @@ class SyncMixin:
             if expert and any(r[8] for r in parts):  # etp != tp: the expert replicas (edp), etp fastest then ep
                 ep_bytes = expert / (min(r[6] for r in parts) * min(r[3] for r in parts)) * grad_b
                 ring = []
-                for pi, p in enumerate(pipes):
-                    s = p.stages[bisect.bisect_right(starts[pi], lo) - 1]
+                for pi, stages in enumerate(views):
+                    s = stages[bisect.bisect_right(starts[pi], lo) - 1]
                     ring += s.devices[::s.ep * (expert_tp(s) or s.tp)]
                 t += self.network.all_reduce_time(ring, ep_bytes, max(r[7] for r in parts), alg)
             elif expert:
@@ -103,8 +120,8 @@ class SyncMixin:
                 ep_bytes = expert / (min_tp * min(r[3] for r in parts)) * grad_b
                 if ep > 1:  # the expert rings: every ep-th group leader, in pipeline order
                     groups = []
-                    for pi, p in enumerate(pipes):
-                        groups += p.stages[bisect.bisect_right(starts[pi], lo) - 1].groups()
+                    for pi, stages in enumerate(views):
+                        groups += stages[bisect.bisect_right(starts[pi], lo) - 1].groups()
                     t += self.network.all_reduce_time([grp[0] for grp in groups][::ep], ep_bytes, max_tp, alg)
                 else:
                     t += self.network.ring_all_reduce_time(D, nodes, ep_bytes, max_tp, alg)
@@ -114,7 +131,7 @@ class SyncMixin:
         stage_times: list[tuple[float, ...]] = [()] * len(plan.pipelines)
         t_sync = 0.0
         for (_, _, mins, times), pis in zip(agg, shapes.values()):
-            fold = pipes[pis[0]].fold
+            fold = folds[pis[0]]
             if fold:  # an interleaved stage syncs its chunks one after another, on the same devices
                 mins = [min(mins[c * fold + si] for c in range(len(mins) // fold)) for si in range(fold)]
                 times = [sum(times[c * fold + si] for c in range(len(times) // fold)) for si in range(fold)]
@@ -125,44 +142,24 @@ class SyncMixin:
             t_sync = max(t_sync, max(times))
         return t_sync, replicas, stage_times
 
-    def _stage_starts(self, p) -> tuple[int, ...]:
-        """A pipeline's first layer per stage, cached by identity (the entry holds the pipeline alive)."""
-        hit = self._starts.get(id(p))
-        if hit is None:
-            if len(self._starts) >= IDENTITY_CACHE_SIZE:
-                self._starts.clear()
-            hit = self._starts[id(p)] = (p, tuple(st.layers[0] for st in p.stages))
-        return hit[1]
-
     def _group_leader_nodes(self, st: Stage) -> tuple[tuple[str, int], ...]:
         """(node, count) of the first device of each of the stage's TP groups (they join the DP rings)."""
-        key = (st.devices, st.tp)
+        return self._sync_stage_info(st)[0]
+
+    def _sync_stage_info(self, st: Stage) -> tuple:
+        """What the gradient sync reads of a stage: (:meth:`_group_leader_nodes`, dp x cp, tp, ep, expert tp or
+        tp, whether expert tp differs), cached by the fields it depends on (many stages share them: the same
+        devices with other layers)."""
+        key = (st.devices, st.tp, st.dp, st.cp, st.ep, st.etp)
         hit = self._leader_nodes.get(key)
         if hit is None:
             c: dict[str, int] = defaultdict(int)
             for grp in st.groups():
                 c[self._dev_node[grp[0]]] += 1
-            hit = self._leader_nodes[key] = tuple(c.items())
+            et = expert_tp(st)
+            hit = self._leader_nodes[key] = (tuple(c.items()), st.dp_size * st.cp, st.tp, st.ep, et or st.tp,
+                                             et is not None)
         return hit
-
-
-class _SyncView:
-    """A pipeline as the gradient sync sees it: its stages, or for an interleaved pipeline (``fold`` = its
-    stage count) one pseudo-stage per chunk in model order, on the chunk's stage's devices."""
-
-    __slots__ = ("fold", "pipe", "stages")
-
-    def __init__(self, pipe, stages, fold: int):
-        self.pipe, self.stages, self.fold = pipe, stages, fold
-
-    @staticmethod
-    def of(p):
-        if p.virtual_stages == 1:
-            return _SyncView(p, p.stages, 0)
-        S = len(p.stages)
-        chunks = tuple(p.stages[si].model_copy(update={"layers": p.stages[si].ranges[c]})
-                       for c in range(p.virtual_stages) for si in range(S))
-        return _SyncView(p, chunks, S)
 
 
 def grad_bytes(plan: Plan) -> float:

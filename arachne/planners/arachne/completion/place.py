@@ -3,6 +3,8 @@ stages next to each other), and the stage orders worth trying."""
 
 from __future__ import annotations
 
+from operator import le, ne
+
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.template import (
     DeviceClass,
@@ -21,91 +23,131 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
     Megatron's tp-dp-pp rank order does)."""
     free: dict[int, list[list[str]]] = {}
     for c in ctx.classes:
-        free[c.index] = c.node_devices()
+        free[c.index] = _node_devices(c)
     cursor = {c.index: 0 for c in ctx.classes}
 
-    def take(slot) -> tuple[str, ...] | None:
-        devs = take_from(slot.cls, slot.gpus)
-        for j in pool_classes(ctx.classes[slot.cls], slot.gpus) if slot.pool and devs is None else ():
-            devs = take_from(j, slot.gpus)
+    def take_pooled(cls: int, need: int) -> tuple[str, ...] | None:
+        for j in pool_classes(ctx.classes[cls], need):
+            devs = take_from(j, need)
             if devs is not None:
-                break
-        return devs
+                return devs
+        return None
+
+    sizes = [c.node_size for c in ctx.classes]
 
     def take_from(cls: int, need: int) -> tuple[str, ...] | None:
-        c = ctx.classes[cls]
+        size = sizes[cls]
         nodes = free[cls]
         i = cursor[cls]
-        if need >= c.node_size:
-            if need % c.node_size:  # a slot spans whole nodes or none (see template.slot_fits_nodes)
+        if need >= size:
+            if need % size:  # a slot spans whole nodes or none (see template.slot_fits_nodes)
                 return None
-            k = need // c.node_size
-            while i < len(nodes) and len(nodes[i]) != c.node_size:
+            k = need // size
+            while i < len(nodes) and len(nodes[i]) != size:
                 i += 1
             j = i
-            while j < len(nodes) and j - i < k and len(nodes[j]) == c.node_size:
+            while j < len(nodes) and j - i < k and len(nodes[j]) == size:
                 j += 1
             if j - i < k:
                 return None
-            devs = [d for n in nodes[i:j] for d in n]
+            devs = tuple([d for n in nodes[i:j] for d in n])
             for n in nodes[i:j]:
                 n.clear()
             cursor[cls] = j
-        else:
-            while i < len(nodes) and len(nodes[i]) < need:
-                i += 1
-            if i >= len(nodes):
-                return None
-            devs = nodes[i][:need]
-            del nodes[i][:need]
-            cursor[cls] = i
-        return tuple(devs)
+            return devs
+        n_nodes = len(nodes)
+        while i < n_nodes and len(nodes[i]) < need:
+            i += 1
+        if i >= n_nodes:
+            return None
+        node = nodes[i]
+        devs = tuple(node[:need])
+        del node[:need]
+        cursor[cls] = i
+        return devs
 
     out: list[list[list[tuple[str, ...]]]] = []
     for g in template.groups:
-        reps: list[list[tuple[str, ...]]] = [[()] * g.num_stages for _ in range(g.replicas)]
-        cells = ([(r, j) for r in range(g.replicas) for j in range(g.num_stages)] if order == "pipeline"
-                 else [(r, j) for j in range(g.num_stages) for r in range(g.replicas)])
+        S = g.num_stages
+        reps: list[list[tuple[str, ...]]] = [[()] * S for _ in range(g.replicas)]
+        cells = ([(r, j) for r in range(g.replicas) for j in range(S)] if order == "pipeline"
+                 else [(r, j) for j in range(S) for r in range(g.replicas)])
+        needs = [(s.cls, s.gpus, s.pool) for s in g.slots]
         for r, j in cells:
-            devs = take(g.slots[j])
+            cls, need, pool = needs[j]
+            devs = take_from(cls, need)
+            if devs is None and pool:
+                devs = take_pooled(cls, need)
             if devs is None:
                 return None
             reps[r][j] = devs
         keys = [(ctx.classes[s.cls].gpu.name, s.tp, s.dp, s.ep) for s in g.slots]
-        out.append([node_contiguous(keys, devs) for devs in reps])
+        runs = _runs(keys)
+        out.append([node_contiguous(keys, devs, runs) for devs in reps])
     return out
 
 
-def node_contiguous(keys: list[tuple], devs: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+def node_contiguous(keys: list[tuple], devs: list[tuple[str, ...]],
+                    runs: list[tuple[int, int]] | None = None) -> list[tuple[str, ...]]:
     """Reorder a pipeline's stage devices within each run of interchangeable stages (same GPU type and
     shape) so that stages on one node are adjacent and the run starts on the node the stage before
     it ends on: parts of one node (:func:`node_parts`) are separate classes, and placing them class
-    by class would cross between nodes at every part."""
-    node = [d[0].rsplit(":", 1)[0] for d in devs]
+    by class would cross between nodes at every part. ``runs``: :func:`_runs` of ``keys``, given instead
+    of them (the same for every replica of a group)."""
     out = list(devs)
+    if len(devs) < 2:
+        return out
+    node = [d[0].rsplit(":", 1)[0] for d in devs]
 
     def hops(seq: list[str]) -> int:
-        return sum(a != b for a, b in zip(seq, seq[1:]))
+        return sum(map(ne, seq, seq[1:]))
 
-    i = 0
-    while i < len(devs):
-        j = i + 1
-        while j < len(devs) and keys[j] == keys[i]:
-            j += 1
+    for i, j in _runs(keys) if runs is None else runs:
+        if j - i < 2:
+            continue
         run = node[i:j]
-        if len(set(run)) > 1:
-            order = list(dict.fromkeys(run))
+        order = list(dict.fromkeys(run))
+        if len(order) > 1:
             if i and node[i - 1] in order:
                 order.remove(node[i - 1])
                 order.insert(0, node[i - 1])
             rank = {n: k for k, n in enumerate(order)}
-            perm = sorted(range(j - i), key=lambda k: rank[run[k]])
+            ranks = [rank[n] for n in run]
+            if all(map(le, ranks, ranks[1:])):  # in order already: the (stable) sort keeps it
+                continue
+            perm = sorted(range(j - i), key=ranks.__getitem__)
             edge = node[max(0, i - 1):i], node[j:j + 1]
             if hops([*edge[0], *(run[k] for k in perm), *edge[1]]) < hops([*edge[0], *run, *edge[1]]):
                 out[i:j] = [devs[i + k] for k in perm]
                 node[i:j] = [run[k] for k in perm]
+    return out
+
+
+def _runs(keys: list[tuple]) -> list[tuple[int, int]]:
+    """``[i, j)`` of each run of equal keys."""
+    out, i = [], 0
+    while i < len(keys):
+        j = i + 1
+        while j < len(keys) and keys[j] == keys[i]:
+            j += 1
+        out.append((i, j))
         i = j
     return out
+
+
+_NODE_DEVICES: dict[int, tuple[DeviceClass, tuple[tuple[str, ...], ...]]] = {}
+"""A device class (by identity; the entry holds it alive) -> its device ids node by node, built once: placement
+starts from them for every template it places."""
+
+
+def _node_devices(c: DeviceClass) -> list[list[str]]:
+    """``c.node_devices()``, as fresh lists (placement consumes them)."""
+    hit = _NODE_DEVICES.get(id(c))
+    if hit is None:
+        if len(_NODE_DEVICES) >= 256:
+            _NODE_DEVICES.clear()
+        hit = _NODE_DEVICES[id(c)] = (c, tuple(tuple(n) for n in c.node_devices()))
+    return [list(n) for n in hit[1]]
 
 
 def placements(template: Template, ctx: PlanningContext) -> list[list[list[list[tuple[str, ...]]]]]:

@@ -38,15 +38,9 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
                     return failed(T, out, (a, L))
                 out.append((a, L))
                 return out
-            lo, hi = a + 1, L - (S - 1 - s)
-            if p.time(a, lo, first, False) > cap or p.memory(a, lo, first, False, inflight[s]) > p.capacity:
-                return failed(T, out, (a, lo))
-            while lo < hi:  # largest z with time and memory within limits
-                mid = (lo + hi + 1) // 2
-                if p.time(a, mid, first, False) <= cap and p.memory(a, mid, first, False, inflight[s]) <= p.capacity:
-                    lo = mid
-                else:
-                    hi = mid - 1
+            lo = _largest_fit(p, a, a + 1, L - (S - 1 - s), first, inflight[s], cap)
+            if lo is None:
+                return failed(T, out, (a, a + 1))
             out.append((a, lo))
             a = lo
         return out
@@ -90,6 +84,38 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
         return best, slowest(best)
     _, best = _bisect(lambda c: fill(slack, c), compute(best), best, compute, lambda: change[1])
     return best, slowest(best)
+
+
+def _largest_fit(p: SlotProfile, a: int, lo: int, hi: int, first: bool, in_flight: int, cap: float) -> int | None:
+    """The largest ``z`` in ``[lo, hi]`` whose not-last stage ``[a, z)`` fits: ``p.time <= cap`` and ``p.memory <=
+    p.capacity`` (monotone in ``z``), by bisection; None if ``lo`` does not fit. :meth:`SlotProfile.time` and
+    :meth:`SlotProfile.memory` are inlined term by term (the same floats; the layer split's innermost loop)."""
+    tp, pp, ap = p.time_prefix, p.mem_param_prefix, p.mem_act_prefix
+    ta, pa, aa = tp[a], pp[a], ap[a]
+    emb = p.emb if first else 0.0
+    fixed, capacity = p.mem_fixed, p.capacity
+    first_mem = p.mem_first_param + in_flight * p.mem_first_act
+
+    if tp[lo] - ta + emb + 0.0 > cap:  # lo itself must fit
+        return None
+    m = fixed + (pp[lo] - pa)
+    m += in_flight * (ap[lo] - aa)
+    if first:
+        m += first_mem
+    if m > capacity:
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tp[mid] - ta + emb + 0.0 <= cap:
+            m = fixed + (pp[mid] - pa)
+            m += in_flight * (ap[mid] - aa)
+            if first:
+                m += first_mem
+            if m <= capacity:
+                lo = mid
+                continue
+        hi = mid - 1
+    return lo
 
 
 def _bisect(fill, hi: float, best: list, measure=None, change=None) -> tuple[float, list]:
