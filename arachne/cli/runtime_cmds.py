@@ -422,7 +422,7 @@ def register(app: typer.Typer) -> None:
         if local_addr is not None:
             check_host(local_addr, field="--local-addr")
         _need_torch("elastic-agent")
-        from arachne.runtime.elastic_agent import run_agent
+        from arachne.runtime.elastic_agent import exit_now, run_agent
         from arachne.runtime.launch import JobError
 
         try:
@@ -430,5 +430,4 @@ def register(app: typer.Typer) -> None:
         except JobError as exc:
             fail(str(exc), 1)
             return
-        if code:
-            raise typer.Exit(code)
+        exit_now(code)

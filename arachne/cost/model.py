@@ -41,7 +41,7 @@ from arachne.cost.pipeline import (
     PipelineMixin,
     _stage_params_cached,
 )
-from arachne.cost.recompute import dropped_bytes, modules_fwd, recomputed_collectives
+from arachne.cost.recompute import dropped_bytes, modules_fwd, op_selective_fwd, recomputed_collectives
 from arachne.cost.schedule import in_flight
 from arachne.cost.sync import IDENTITY_CACHE_SIZE, MEGATRON_BUCKET_PARAMS, SyncMixin
 from arachne.errors import InputError
@@ -174,8 +174,11 @@ class CostModel(SyncMixin, PipelineMixin):
         k = rec_blocks if rec_blocks is not None else recomputed_blocks(st, z - a)
         et = expert_tp(st)
         mods = st.recompute_modules if mode == "selective" else None
+        # torchtitan's op-level policy is what "selective" means under the torch convention (memory.py)
+        op_sel = mode == "selective" and mods is None and plan.precision != "fp32" and \
+            (plan.framework or convention(plan.zero_stage)) == "torch"
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
-               mbs, plan.precision, plan.sequence_length, et, st.cp, mods)
+               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -208,6 +211,8 @@ class CostModel(SyncMixin, PipelineMixin):
             elif mode == "selective" and mods is not None:  # the chosen modules (recompute.py)
                 rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
                                   z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp))
+            elif op_sel:
+                rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp)
             elif mode == "selective":
                 rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp)
             bw += rec
@@ -245,7 +250,7 @@ class CostModel(SyncMixin, PipelineMixin):
             if st.cp > 1:  # the K/V ring per block, again for recomputed attention
                 one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
                                                groups, groups.index(g), self.compute.cal.bwd_over_fwd)
-                redo = (z - a) if full or mode == "selective" else (k if mode == "full" else 0)
+                redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
                 cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
             fwd, bwd = f + tp_f + ep_f + cp_f, bw + tp_b + ep_b + cp_b
             cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, rec + (tp_b - tp_f) + (ep_b - ep_f))

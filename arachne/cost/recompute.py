@@ -132,3 +132,37 @@ def recomputed_collectives(model: ModelSpec, modules: tuple[str, ...], a: int, z
     moe = sum(model.moe_layers[a:z]) if "moe" in mods else 0
     dense = (z - a - sum(model.moe_layers[a:z])) if "mlp" in mods else 0
     return dense + moe, moe
+
+
+def torchtitan_gemms(model: ModelSpec) -> list[tuple[int, int, bool]]:
+    """A dense block's Linear GEMMs as torchtitan runs them, in execution order, as ``(in, out, split_by_tp)``:
+    separate q, k, v and output projections (``mha``; MLA's as :attr:`ModelSpec.attention_gemms`), then the MLP's
+    ``w1``, ``w3`` (gated) and ``w2``."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.attention == "mha":
+        kv = model.kv_heads
+        gemms = [(h, a * model.head_dim, True), (h, kv * model.head_dim, True), (h, kv * model.v_dim, True),
+                 (a * model.v_dim, h, True)]
+    else:
+        gemms = list(model.attention_gemms)
+    f = model.ffn_hidden_size
+    return gemms + [(h, f, True)] * (model.mlp_matrices - 1) + [(f, h, True)]
+
+
+def op_selective_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float,
+                     tp: int) -> float:
+    """Forward seconds one dense block runs again in backward under torchtitan's op-level selective checkpointing
+    (``recompute: "selective"`` under the ``torch`` convention; ``_apply_ac_to_transformer_block``, torchtitan
+    2024-12 to 2026): the output of every second ``mm`` in execution order is dropped (k, the output projection
+    and ``w3`` of a Llama block) and recomputed, and so is everything that is not a matmul or attention (norms,
+    rotary, the activation): the block's whole element-wise forward. Attention's output is kept. The memory side is
+    :func:`memory.torch_selective_bytes`; an MoE block is priced as its dense part (docs/cost-model.md)."""
+    peak = compute.gemm_peak(gpu, precision)
+    tok = b * seq
+    c = compute.cal
+    gemm = sum(compute._gemm(2 * tok * i * o / (tp if split else 1), peak)
+               for n, (i, o, split) in enumerate(torchtitan_gemms(model)) if n % 2 == 1)
+    h, ab = model.hidden_size, act_bytes(precision)
+    elem = c.elementwise_passes * tok * h * ab * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
+    elem += 2 * tok * model.ffn_hidden_size / tp * ab * model.mlp_matrices
+    return gemm + elem / gpu.hbm_bandwidth + c.kernel_launch_s * c.kernels_per_block_fwd

@@ -481,6 +481,18 @@ def run_agent(store: str, node: str, local_addr: str | None = None, connect_time
             client.set(f"arachne/exit/{node}", json.dumps(time.time()))
 
 
+def exit_now(code: int) -> None:
+    """End the agent process with ``code`` once its job is over, skipping the interpreter's teardown.
+
+    torch's store and rendezvous objects own C++ threads; destroyed during interpreter shutdown while one is
+    still joinable they abort the process ("terminate called without an active exception", exit -6) after
+    a job that ended well. Everything the agent reports is already in the store or printed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def agent_main(argv: list[str] | None = None) -> int:
     """``python -m arachne.runtime.elastic_agent --store HOST:PORT --node NODE``: errors as one line."""
     ap = argparse.ArgumentParser(prog="python -m arachne.runtime.elastic_agent",
@@ -504,4 +516,4 @@ def agent_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(agent_main())
+    exit_now(agent_main())

@@ -27,7 +27,6 @@ from arachne.cost.schedule import (
     simulate_interleaved,
 )
 from arachne.cost.sync import MEGATRON_BUCKET_PARAMS, exposed_sync
-
 from arachne.plan import Plan, load_plan
 from arachne.spec.cluster import load_cluster
 from arachne.spec.model import load_model
@@ -206,8 +205,10 @@ def test_selective_recompute_memory_and_time_hand_computed(h100):
     assert _mem(cm, model, recompute="selective").activations == _mem(cm, model).activations
 
 
-def _stage_times(h100, **stage_kw):
+def _stage_times(h100, framework=None, **stage_kw):
     doc = _flat(_doc())
+    if framework is not None:
+        doc["framework"] = framework
     for p in doc["pipelines"]:
         for stg in p["stages"]:
             stg.pop("recompute", None)
@@ -228,6 +229,29 @@ def test_selective_recompute_adds_attention_core_forward(h100):
     assert s1.bwd_s - s0.bwd_s == pytest.approx(8 * core, rel=1e-9)
     assert s1.fwd_s == s0.fwd_s
     assert sel.breakdown["recompute_s"] > 0 and base.breakdown.get("recompute_s", 0.0) == 0
+
+
+def test_torch_selective_recomputes_every_second_gemm(h100, monkeypatch):
+    """Under the torch convention "selective" is torchtitan's op-level policy: every second mm of a block in
+    execution order (k, the output projection and w3 of q, k, v, o, w1, w3, w2) and all element-wise work run
+    again in backward; attention's output is kept, so the attention core does not."""
+    from arachne.cost.recompute import op_selective_fwd
+
+    _, s0 = _stage_times(h100, framework="torch")
+    _, s1 = _stage_times(h100, recompute="selective", framework="torch")
+    cm = CostModel(h100)
+    model = load_model("llama-3-8b")
+    gpu = h100.devices["h100-0:0"].gpu
+    one = op_selective_fwd(cm.compute, model, gpu, "bf16", 8192, 2.0, 2)
+    assert s1.bwd_s - s0.bwd_s == pytest.approx(8 * one, rel=1e-9) and s1.fwd_s == s0.fwd_s
+    seen: list[float] = []
+    monkeypatch.setattr(type(cm.compute), "_gemm", lambda self, flops, peak: seen.append(flops) or 0.0)
+    op_selective_fwd(cm.compute, model, gpu, "bf16", 8192, 2.0, 2)
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    t = 2.0 * 8192
+    assert seen == [2 * t * h * kv / 2, 2 * t * h * h / 2, 2 * t * h * f / 2]
+    _, m1 = _stage_times(h100, recompute="selective", framework="megatron")
+    assert s1.bwd_s > m1.bwd_s  # more than Megatron's attention core
 
 
 def test_sequence_parallel_time_equals_all_reduce_time(h100):
@@ -284,9 +308,13 @@ def test_priced_features():
 
 # ---- ZeRO-2 (stage 3 refused) -------------------------------------------------------------------
 
-def _zero(h100, stage: int):
+def _zero(h100, stage: int, recompute=None):
     doc = _doc()
     doc["zero_stage"] = stage
+    if recompute is not None:
+        for p in doc["pipelines"]:
+            for stg in p["stages"]:
+                stg["recompute"] = recompute
     return CostModel(h100).estimate(Plan.model_validate(doc))
 
 
@@ -315,9 +343,12 @@ def test_zero_memory_never_grows_with_more_shards(h100, shards, stage):
 def test_zero3_in_a_pipeline_gathers_once_per_iteration(h100):
     """FSDP inside a pipeline (the interleaved example, 4 stages): parameters are gathered once per iteration
     and gradients reduce-scattered once (torchtitan's FSDP + PP), so the time is ZeRO-2's; memory keeps the
-    stage's bf16 parameters and fp32 gradients unsharded, with the fp32 state sharded."""
-    z2, z3 = _zero(h100, 2), _zero(h100, 3)
+    stage's bf16 parameters and fp32 gradients unsharded, with the fp32 state sharded. (Compared without the
+    example's selective recomputation: under ZeRO-3's torch convention it is torchtitan's op-level policy, which
+    recomputes more; test_torch_selective_recomputes_every_second_gemm.)"""
+    z2, z3 = _zero(h100, 2, recompute=False), _zero(h100, 3, recompute=False)
     assert z3.iteration_time_s == z2.iteration_time_s and z3.breakdown["zero_comm_s"] == 0
+    z2, z3 = _zero(h100, 2), _zero(h100, 3)
     for d in z2.memory_detail:
         m2, m3 = z2.memory_detail[d], z3.memory_detail[d]
         assert m3.weights > m2.weights  # bf16 copy kept whole + the fp32 shard

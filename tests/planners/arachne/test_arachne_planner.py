@@ -1388,12 +1388,13 @@ def rob021_cluster():
 @pytest.mark.slow
 def test_a_longer_target_screens_the_ranked_pool_past_the_default_pass():
     """On seed35/rob-021 (Qwen2-57B-A14B) the default pass screens only the ranker's first few templates; the
-    extension screens further and finds the mixed Gaudi2 + A100 pipelines (292,760 tokens/s at --target 2),
-    never below the default pass's plan (here without the proxy's first rule, which finds most of it)."""
+    extension screens further and finds the mixed Gaudi2 + A100 pipelines (196,357 -> 277,832 tokens/s at
+    --target 2). The screening is measured alone: without the proxy's first rule, which finds most of it, and
+    without the knob pass, whose work at --target 2 goes to the knobs of the default pass's plans."""
     cl = rob021_cluster()
     model, job = model_catalog().get("Qwen2-57B-A14B"), Job(global_batch_size=256, sequence_length=512)
     got = {t: run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=30),
-                          target_s=t, proxy_first=0)[1].tokens_per_s for t in (0.8, 2.0)}
+                          target_s=t, proxy_first=0, modern_knobs=False)[1].tokens_per_s for t in (0.8, 2.0)}
     assert got[2.0] >= 1.1 * got[0.8]
 
 
