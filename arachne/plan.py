@@ -231,9 +231,16 @@ class Plan(_V1Dump):
     """v2 (optional, an arachne addition): ``fused``: a fused or compiled cross-entropy that never materialises
     an fp32 copy of the logits (the logits and their gradient in the activation type only). Unset: ``standard``
     (the framework convention's loss)."""
+    attention_kernel: Literal["cudnn", "flash2"] | None = None
+    """v2 (optional, an arachne addition), 16-bit precisions: the fused attention kernel the training code runs.
+    ``cudnn``: cuDNN's fused attention (Transformer Engine's on Hopper and Blackwell; FlashAttention-3 runs within
+    5% of it); ``flash2``: FlashAttention-2 (the ``flash-attn`` 2.x package; PyTorch SDPA's flash backend, what
+    SDPA runs on Hopper from torch 2.5.1 until torch 2.10 with cuDNN 9.15.1). Unset: ``cudnn`` on Hopper and
+    Blackwell, ``flash2`` elsewhere. fp32 has no fused kernel: its scores are materialised."""
     V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False,
                                              "framework": None, "grad_reduce_in_fp32": None, "fp8_params": False,
-                                             "master_weights": None, "optimizer_state_dtype": None, "loss": None}
+                                             "master_weights": None, "optimizer_state_dtype": None, "loss": None,
+                                             "attention_kernel": None}
 
     @field_validator("format")
     @classmethod
@@ -282,7 +289,8 @@ class Plan(_V1Dump):
         for key in ("overlap_grad_reduce", "overlap_param_gather", "fp8_params"):
             if getattr(self, key):
                 doc[key] = True
-        for key in ("framework", "grad_reduce_in_fp32", "master_weights", "optimizer_state_dtype", "loss"):
+        for key in ("framework", "grad_reduce_in_fp32", "master_weights", "optimizer_state_dtype", "loss",
+                    "attention_kernel"):
             if getattr(self, key) is not None:
                 doc[key] = getattr(self, key)
         if self.optimizer != "adam":

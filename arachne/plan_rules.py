@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from arachne.spec.model import ModelSpec
 
 V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "framework", "grad_reduce_in_fp32", "fp8_params",
-                "master_weights", "optimizer_state_dtype", "loss")
+                "master_weights", "optimizer_state_dtype", "loss", "attention_kernel")
 V2_PIPELINE_KEYS = ("virtual_stages",)
 V2_STAGE_KEYS = ("cp", "sequence_parallel", "recompute_layers", "etp", "recompute_modules")
 MEMORY_SETTINGS = ("recompute_modules", "fp8_params", "master_weights", "optimizer_state_dtype", "loss")
@@ -29,6 +29,7 @@ FEATURES = {  # v2_fields_used's feature names, as messages say them
     "grad_reduce_in_fp32": "the gradient reduction type", "recompute_modules": "recomputation of chosen modules",
     "fp8_params": "fp8 parameters", "master_weights": "no fp32 master weights",
     "optimizer_state_dtype": "16-bit optimizer state", "loss": "a fused cross-entropy",
+    "attention_kernel": "a named attention kernel",
 }
 NEEDS_V2 = 'needs "format": "arachne-plan/2" (this plan says arachne-plan/1)'
 
@@ -139,6 +140,8 @@ def plan_v2_errors(plan: Plan) -> list[tuple[str, str]]:
     if plan.overlap_param_gather and plan.zero_stage < 1:
         errs.append(("overlap_param_gather", "needs zero_stage >= 1 (there is no sharded parameter gather to "
                                              "overlap)"))
+    if plan.attention_kernel is not None and plan.precision == "fp32":
+        errs.append(("attention_kernel", "fp32 has no fused attention kernel (its scores are materialised)"))
     if plan.fp8_params:
         if plan.precision != "fp8":
             errs.append(("fp8_params", f"needs precision fp8 (the plan's is {plan.precision})"))

@@ -191,6 +191,8 @@ class SourceDefaults(_Strict):
     """The plan field of that name (Adam's moments); null: the plan's default (fp32)."""
     loss: Literal["standard", "fused"] | None = None
     """The plan field of that name (``fused``: no fp32 copy of the logits); null: the plan's default."""
+    attention_kernel: Literal["cudnn", "flash2"] | None = None
+    """The plan field of that name (the fused attention kernel the code ran); null: the plan's default."""
     basis: str = ""
     """Where these defaults come from (the recipe file, or why they are assumed)."""
 
@@ -419,7 +421,8 @@ def convert(runs: RunsFile, rec: Record) -> tuple[dict, dict, dict[str, Any]]:
         "format": "arachne-plan/2", "model": _model_ref(runs, rec), "global_batch_size": p.gbs,
         "sequence_length": p.seq, "micro_batch_size": p.mbs * dp, "precision": p.precision, "zero_stage": zero,
         "schedule": "1f1b", "pipelines": [pipe]}
-    for key in ("framework", "grad_reduce_in_fp32", "master_weights", "optimizer_state_dtype", "loss"):
+    for key in ("framework", "grad_reduce_in_fp32", "master_weights", "optimizer_state_dtype", "loss",
+                "attention_kernel"):
         if _default(runs, rec, key) is not None:
             plan[key] = _default(runs, rec, key)
     if p.fp8_params:

@@ -34,6 +34,37 @@ def uses_flash_attention(precision: str) -> bool:
     return precision != "fp32"
 
 
+ATTENTION_KERNELS = ("cudnn", "flash2")
+"""Fused attention kernels a plan can name (``attention_kernel``): ``cudnn`` (cuDNN's fused attention, what
+Transformer Engine runs on Hopper and Blackwell; FlashAttention-3 is within 5% of it) and ``flash2``
+(FlashAttention-2, PyTorch SDPA's flash backend)."""
+
+ATTENTION_EFFICIENCY: dict[tuple[str, str], tuple[float, float]] = {
+    ("hopper", "cudnn"): (529 / 989, 541 / 989),
+    ("hopper", "flash2"): (333 / 989, 299 / 989),
+    ("blackwell", "cudnn"): (1574 / 2500, 1332 / 2500),
+}
+"""Causal attention kernels, bf16, head dim 128, 8K tokens: (forward, backward) TFLOPS over the GPU's dense bf16
+peak, FLOPs counted as the kernels' authors count them (causal: half the score matrix; backward 2.5x the
+forward). Hopper cudnn: forward 529 on H100 (FlashAttention-3 figure, Dao-AILab/flash-attention
+``assets/flash3_fp16_fwd.png``), backward 541 on H200 (same dense peak; NVIDIA/cudnn-frontend's committed
+SDPA benchmark, Llama-3.1 shapes, cuDNN 9.19.1). Hopper flash2: forward 333 (the same FA3 figure), backward
+299 from the forward + backward figure's 308 (``assets/flash2_h100_fwd_bwd_benchmark.png``). Blackwell cudnn:
+GB200's 1574 / 1332 (cudnn-frontend). A generation or kernel not listed: the two score GEMMs over the whole
+score matrix at the GEMM rate (docs/cost-model.md, "Attention")."""
+
+ATTENTION_SEQ_HALF = 400.0
+"""Sequence length at which a fused attention kernel reaches half its long-sequence rate (FlashAttention-2
+causal forward on H100: 191 / 298 / 333 / 335 TFLOPS at 512 / 2K / 8K / 16K tokens follow
+``s / (s + 400)`` within 3%)."""
+
+
+def default_attention_kernel(gpu: GPUType) -> str:
+    """The kernel a plan that names none runs: ``cudnn`` on Hopper and Blackwell (Transformer Engine's default,
+    and PyTorch SDPA's from torch 2.10 with cuDNN 9.15.1), ``flash2`` elsewhere."""
+    return "cudnn" if gpu.generation in ("hopper", "blackwell") else "flash2"
+
+
 @dataclass(frozen=True)
 class LayerCosts:
     """Seconds per micro-batch on one GPU of a TP group: per block, embedding, head.
@@ -78,26 +109,48 @@ class ComputeModel:
         eff = MATMUL_EFFICIENCY.get((gpu.generation, key), self.cal.e_max)
         return gpu.peak_flops(precision) * eff
 
+    def attention_core(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
+                       kernel: str | None = None) -> tuple[float, float]:
+        """Forward and backward seconds of one block's attention core (``b`` sequences, ``a/tp`` heads).
+
+        16-bit with a measured kernel (``kernel``, default :func:`default_attention_kernel`;
+        ``ATTENTION_EFFICIENCY``): half the score matrix's FLOPs (causal), forward and 2.5x that backward, each
+        at its measured share of the dense bf16 peak, scaled by ``s / (s + ATTENTION_SEQ_HALF)`` relative to
+        8K tokens. Otherwise the two score GEMMs over the whole matrix at the GEMM rate (backward
+        ``bwd_over_fwd`` times), plus, without flash attention (fp32), ``score_passes`` fp32 passes over it."""
+        c = self.cal
+        a = model.num_attention_heads
+        core = self.gemm_peak(gpu, core_precision(precision))  # the attention core stays bf16 under fp8
+        if uses_flash_attention(precision):
+            eff = ATTENTION_EFFICIENCY.get((gpu.generation, kernel or default_attention_kernel(gpu)))
+            if eff is not None:
+                flops = b * a / tp * seq * seq * (model.head_dim + model.v_dim)  # half of the two full GEMMs
+                half = ATTENTION_SEQ_HALF
+                rate = gpu.peak_flops("bf16") * (seq / (seq + half)) / (8192 / (8192 + half))
+                return flops / (eff[0] * rate), 2.5 * flops / (eff[1] * rate)
+        gemm = self._gemm(2 * b * a / tp * seq * seq * model.head_dim, core)
+        gemm += self._gemm(2 * b * a / tp * seq * seq * model.v_dim, core)
+        elem = 0.0
+        if not uses_flash_attention(precision):
+            elem = c.score_passes * b * a / tp * seq * seq * 4 / gpu.hbm_bandwidth
+        return gemm + elem, c.bwd_over_fwd * gemm + 2 * elem
+
     def analytic_block(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                       ep: int, moe: bool, etp: int | None = None) -> tuple[float, float]:
+                       ep: int, moe: bool, etp: int | None = None, kernel: str | None = None) -> tuple[float, float]:
         """Forward and backward seconds of one block (TP communication excluded); ``etp``: the routed experts'
-        own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``."""
+        own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``;
+        ``kernel``: the attention kernel (:meth:`attention_core`)."""
         c = self.cal
         peak = self.gemm_peak(gpu, precision)  # the Linear GEMMs (fp8 rate under fp8)
-        core = self.gemm_peak(gpu, core_precision(precision))  # attention core and router stay bf16 under fp8
-        h, a = model.hidden_size, model.num_attention_heads
+        core = self.gemm_peak(gpu, core_precision(precision))  # the router stays bf16 under fp8
+        h = model.hidden_size
         tokens = b * seq
         ab = act_bytes(precision)
         mats = model.mlp_matrices
         gemm = 0.0
         for i, o, split in model.attention_gemms:  # projections; MLA's down projections are not split by tp
             gemm += self._gemm(2 * tokens * i * o / (tp if split else 1), peak)
-        # scores: two batched GEMMs of (a/tp) heads, s x s x head_dim (q.k) and s x s x v_dim (scores.v)
-        if model.v_dim == model.head_dim:
-            gemm += 2 * self._gemm(2 * b * a / tp * seq * seq * model.head_dim, core)
-        else:
-            gemm += self._gemm(2 * b * a / tp * seq * seq * model.head_dim, core)
-            gemm += self._gemm(2 * b * a / tp * seq * seq * model.v_dim, core)
+        att_f, att_b = self.attention_core(model, gpu, precision, seq, b, tp, kernel)
         elem = c.elementwise_passes * tokens * h * ab * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
         if moe:
             k, E = model.experts_top_k, model.num_experts
@@ -115,11 +168,9 @@ class ComputeModel:
         else:
             gemm += mats * self._gemm(2 * tokens * h * model.ffn_hidden_size / tp, peak)
             elem += 2 * tokens * model.ffn_hidden_size / tp * ab * mats
-        if not uses_flash_attention(precision):
-            elem += c.score_passes * b * a / tp * seq * seq * 4
         launch = c.kernel_launch_s * c.kernels_per_block_fwd
-        fwd = gemm + elem / gpu.hbm_bandwidth + launch
-        bwd = c.bwd_over_fwd * gemm + 2 * elem / gpu.hbm_bandwidth + 2 * launch
+        fwd = gemm + att_f + elem / gpu.hbm_bandwidth + launch
+        bwd = c.bwd_over_fwd * gemm + att_b + 2 * elem / gpu.hbm_bandwidth + 2 * launch
         return fwd, bwd
 
     def analytic_ends(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float,
@@ -139,17 +190,17 @@ class ComputeModel:
         return emb_f, emb_b, head_f, head_b
 
     def _analytic(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                  ep: int, etp: int | None = None) -> LayerCosts:
+                  ep: int, etp: int | None = None, kernel: str | None = None) -> LayerCosts:
         L = model.num_layers
         fwd = np.zeros(L + 1)
         bwd = np.zeros(L + 1)
         dense = moe = None
         for i in range(L):
             if model.moe_layers[i]:
-                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp)
+                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp, kernel)
                 f, bw = moe
             else:
-                dense = dense or self.analytic_block(model, gpu, precision, seq, b, tp, ep, False)
+                dense = dense or self.analytic_block(model, gpu, precision, seq, b, tp, ep, False, kernel=kernel)
                 f, bw = dense
             fwd[i + 1] = fwd[i] + f
             bwd[i + 1] = bwd[i] + bw
@@ -186,9 +237,10 @@ class ComputeModel:
                           source, True, opt)
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                    ep: int = 1, tp_comm=None, etp: int | None = None) -> LayerCosts:
-        """Per-layer costs; ``tp_comm(tp)`` gives one block's fwd TP traffic time for scaling profiles."""
-        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp)
+                    ep: int = 1, tp_comm=None, etp: int | None = None, kernel: str | None = None) -> LayerCosts:
+        """Per-layer costs; ``tp_comm(tp)`` gives one block's fwd TP traffic time for scaling profiles;
+        ``kernel``: the attention kernel of analytic blocks (profiles measured their own)."""
+        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp, kernel)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -196,6 +248,6 @@ class ComputeModel:
         if not model.is_moe:
             costs = self._profiled(model, gpu, precision, seq, b, tp, tp_comm or (lambda t: 0.0))
         if costs is None:
-            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp)
+            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp, kernel)
         self._cache[key] = costs
         return costs

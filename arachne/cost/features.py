@@ -9,7 +9,6 @@ from arachne.cost.calibration import MemoryCalibration
 from arachne.cost.compute import (
     ComputeModel,
     act_bytes,
-    core_precision,
     uses_flash_attention,
 )
 from arachne.cost.memory import block_activation_terms, torch_selective_bytes
@@ -54,18 +53,10 @@ def chunk_recomputed_blocks(st) -> tuple[int, ...]:
 
 
 def attention_core_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int,
-                       b: float, tp: int) -> float:
-    """Forward seconds of one block's attention core (the two score GEMMs, plus the softmax/dropout passes
-    over the score matrix without flash attention): what selective recomputation runs again in backward.
-    Same terms as :meth:`ComputeModel.analytic_block`."""
-    peak = compute.gemm_peak(gpu, core_precision(precision))  # the attention core stays bf16 under fp8
-    a = model.num_attention_heads
-    gemm = compute._gemm(2 * b * a / tp * seq * seq * model.head_dim, peak)
-    gemm += compute._gemm(2 * b * a / tp * seq * seq * model.v_dim, peak)
-    elem = 0.0
-    if not uses_flash_attention(precision):
-        elem = compute.cal.score_passes * b * a / tp * seq * seq * 4
-    return gemm + elem / gpu.hbm_bandwidth + compute.cal.kernel_launch_s
+                       b: float, tp: int, kernel: str | None = None) -> float:
+    """Forward seconds of one block's attention core (:meth:`ComputeModel.attention_core`) and one launch:
+    what selective recomputation runs again in backward."""
+    return compute.attention_core(model, gpu, precision, seq, b, tp, kernel)[0] + compute.cal.kernel_launch_s
 
 
 def score_bytes(model: ModelSpec, seq: int, b: float, tp: int, precision: str) -> float:
@@ -144,7 +135,7 @@ def cp_kv_width(model: ModelSpec) -> int:
 
 
 def cp_ring_exposed(network, compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int,
-                    b: float, tp: int, cp: int, groups, gi: int, bwd_over_fwd: float) -> tuple[float, float]:
+                    b: float, tp: int, cp: int, groups, gi: int, kernel: str | None = None) -> tuple[float, float]:
     """Exposed seconds of one block's context-parallel ring exchange (forward, backward) for TP group ``gi``
     of a stage (``b``: sequences per rank already divided by cp). Forward: ``cp - 1`` steps, each passing the
     local K/V chunk to the next rank while the step's attention (1/cp of the rank's core) runs; backward:
@@ -155,5 +146,5 @@ def cp_ring_exposed(network, compute: ComputeModel, model: ModelSpec, gpu: GPUTy
     members = [list(groups[d * cp + j]) for j in range(cp)]
     nbytes = b * seq * cp_kv_width(model) / tp * act_bytes(precision)
     comm = max(network.p2p_time(members[j], members[(j + 1) % cp], nbytes * len(members[j])) for j in range(cp))
-    step = attention_core_fwd(compute, model, gpu, precision, seq, b, tp) / cp
-    return (cp - 1) * max(0.0, comm - step), (cp - 1) * max(0.0, 2 * comm - bwd_over_fwd * step)
+    fwd, bwd = compute.attention_core(model, gpu, precision, seq, b, tp, kernel)
+    return (cp - 1) * max(0.0, comm - fwd / cp), (cp - 1) * max(0.0, 2 * comm - bwd / cp)

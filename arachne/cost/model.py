@@ -57,7 +57,8 @@ PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_para
                                                 "recompute_layers", "overlap_grad_reduce",
                                                 "overlap_param_gather", "zero_stage", "fp8", "etp", "cp",
                                                 "framework", "grad_reduce_in_fp32", "recompute_modules",
-                                                "fp8_params", "master_weights", "optimizer_state_dtype", "loss"})
+                                                "fp8_params", "master_weights", "optimizer_state_dtype", "loss",
+                                                "attention_kernel"})
 # plan_rules.v2_fields_used features this cost model prices
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
@@ -136,14 +137,15 @@ class CostModel(SyncMixin, PipelineMixin):
         return m
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                    ep: int = 1, etp: int | None = None) -> LayerCosts:
-        """Per-layer times on one GPU type (what planners use as leaf costs)."""
+                    ep: int = 1, etp: int | None = None, kernel: str | None = None) -> LayerCosts:
+        """Per-layer times on one GPU type (what planners use as leaf costs); ``kernel``: the plan's
+        ``attention_kernel``."""
         h = model.hidden_size
 
         def tp_comm(t: int) -> float:
             return self.tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
 
-        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp)
+        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp, kernel)
 
     def tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
         """Forward TP traffic of one block (two all-reduces) inside a node of ``gpu``."""
@@ -177,8 +179,9 @@ class CostModel(SyncMixin, PipelineMixin):
         # torchtitan's op-level policy is what "selective" means under the torch convention (memory.py)
         op_sel = mode == "selective" and mods is None and plan.precision != "fp32" and \
             (plan.framework or convention(plan.zero_stage)) == "torch"
+        kern = getattr(plan, "attention_kernel", None)  # baselines price stages with a Job (the default kernel)
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
-               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel)
+               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -195,7 +198,7 @@ class CostModel(SyncMixin, PipelineMixin):
         worst = None
         for g in groups:
             gpu = _slowest([devs[d].gpu for d in g], prec)
-            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et)
+            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern)
             f, bw = lc.blocks(a, z)
             if first:
                 f += lc.emb_fwd
@@ -210,11 +213,11 @@ class CostModel(SyncMixin, PipelineMixin):
                 rec = lc.blocks(a, a + k)[0]
             elif mode == "selective" and mods is not None:  # the chosen modules (recompute.py)
                 rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
-                                  z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp))
+                                  z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern))
             elif op_sel:
                 rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp)
             elif mode == "selective":
-                rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp)
+                rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern)
             bw += rec
             tp_f = 0.0
             per = 0.0
@@ -249,7 +252,7 @@ class CostModel(SyncMixin, PipelineMixin):
             cp_f = cp_b = 0.0
             if st.cp > 1:  # the K/V ring per block, again for recomputed attention
                 one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
-                                               groups, groups.index(g), self.compute.cal.bwd_over_fwd)
+                                               groups, groups.index(g), kern)
                 redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
                 cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
             fwd, bwd = f + tp_f + ep_f + cp_f, bw + tp_b + ep_b + cp_b

@@ -24,6 +24,7 @@ from arachne.cost.model import PRICED_V2_FEATURES
 from arachne.cost.pipeline import _stage_params_cached
 from arachne.plan import Plan, load_plan
 from arachne.spec.cluster import load_cluster
+from arachne.spec.model import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 V2 = ROOT / "examples" / "v2"
@@ -273,7 +274,7 @@ class _FakeNet:
 def test_cp_ring_hand_computed(h100):
     """Llama 3.1 8B (8 KV heads x 128), s 8192, b 1 sequence per rank-share (already / cp), tp 2, cp 4:
     a hop moves b s x 2 x 8 x 128 / tp x 2 B per device (x tp devices per group pair); 3 steps forward, each
-    exposing max(0, 1 s - core/cp); backward 3 steps of twice the bytes behind bwd_over_fwd x core/cp."""
+    exposing max(0, 1 s - core/cp); backward 3 steps of twice the bytes behind the core's backward / cp."""
     cm = CostModel(h100)
     m = cm.resolve_model(Plan.model_validate(_cp_doc(4)))
     gpu = h100.devices["h100-0:0"].gpu
@@ -281,12 +282,12 @@ def test_cp_ring_hand_computed(h100):
     groups = st0.groups()
     net = _FakeNet(1.0)
     b, seq, tp, cp = 0.25, 8192, 2, 4
-    f, bw = cp_ring_exposed(net, cm.compute, m, gpu, "bf16", seq, b, tp, cp, groups, 5, 2.0)
+    f, bw = cp_ring_exposed(net, cm.compute, m, gpu, "bf16", seq, b, tp, cp, groups, 5)
     assert len(net.calls) == 4 and net.calls[0][0] == groups[4] and net.calls[-1][1] == groups[4]
     assert net.calls[0][2] == pytest.approx(b * seq * 2 * 8 * 128 / tp * 2 * tp)
-    step = attention_core_fwd(cm.compute, m, gpu, "bf16", seq, b, tp) / cp
-    assert f == pytest.approx(3 * (1.0 - step)) and bw == pytest.approx(3 * (2.0 - 2.0 * step))
-    fast = cp_ring_exposed(_FakeNet(0.0), cm.compute, m, gpu, "bf16", seq, b, tp, cp, groups, 5, 2.0)
+    core_f, core_b = cm.compute.attention_core(m, gpu, "bf16", seq, b, tp)
+    assert f == pytest.approx(3 * (1.0 - core_f / cp)) and bw == pytest.approx(3 * (2.0 - core_b / cp))
+    fast = cp_ring_exposed(_FakeNet(0.0), cm.compute, m, gpu, "bf16", seq, b, tp, cp, groups, 5)
     assert fast == (0.0, 0.0)  # fully hidden behind the attention of each step
 
 
@@ -318,10 +319,44 @@ def test_cp_halves_attention_but_adds_ring_traffic(seq, b, tp, cp, hop):
     launch = cm.compute.cal.kernel_launch_s
     assert split <= (full - launch) / cp * 1.5 + launch and split < full
     groups = [(f"h100-{j // 8}:{j % 8}",) for j in range(cp)]
-    f, bw = cp_ring_exposed(_FakeNet(hop), cm.compute, m, gpu, "bf16", seq, b / cp, 1, cp, groups, 0, 2.0)
-    f2, bw2 = cp_ring_exposed(_FakeNet(hop + 0.01), cm.compute, m, gpu, "bf16", seq, b / cp, 1, cp, groups, 0, 2.0)
-    step = attention_core_fwd(cm.compute, m, gpu, "bf16", seq, b / cp, 1) / cp
+    f, bw = cp_ring_exposed(_FakeNet(hop), cm.compute, m, gpu, "bf16", seq, b / cp, 1, cp, groups, 0)
+    f2, bw2 = cp_ring_exposed(_FakeNet(hop + 0.01), cm.compute, m, gpu, "bf16", seq, b / cp, 1, cp, groups, 0)
+    step = cm.compute.attention_core(m, gpu, "bf16", seq, b / cp, 1)[0] / cp
     assert 0.0 <= f <= f2 and 0.0 <= bw <= bw2
     assert f == pytest.approx((cp - 1) * max(0.0, hop - step), abs=1e-15)
-    slow, _ = cp_ring_exposed(_FakeNet(step + 0.01), cm.compute, m, gpu, "bf16", seq, b / cp, 1, cp, groups, 0, 2.0)
+    slow, _ = cp_ring_exposed(_FakeNet(step + 0.01), cm.compute, m, gpu, "bf16", seq, b / cp, 1, cp, groups, 0)
     assert slow == pytest.approx((cp - 1) * 0.01)
+
+
+# ---- attention kernels ----------------------------------------------------------------------------
+
+def test_attention_kernels_hand_computed(h100):
+    """Llama 3.1 8B, 8192 tokens, one sequence, tp 1, bf16 on H100 (989 TFLOPS dense): half the score matrix's
+    FLOPs, 32 heads x 8192^2 x (128 + 128), forward at the kernel's measured rate and 2.5x that backward (cuDNN
+    529 / 541, FlashAttention-2 333 / 299 TFLOPS at 8K tokens); fp32 keeps the whole-matrix GEMMs."""
+    cm = CostModel(h100)
+    m = load_model("llama-3-8b")
+    gpu = h100.devices["h100-0:0"].gpu
+    flops = 32 * 8192 * 8192 * 256
+    for kernel, (f_tf, b_tf) in (("cudnn", (529, 541)), ("flash2", (333, 299)), (None, (529, 541))):
+        f, bw = cm.compute.attention_core(m, gpu, "bf16", 8192, 1.0, 1, kernel)
+        assert f == pytest.approx(flops / (f_tf * 1e12), rel=1e-9)
+        assert bw == pytest.approx(2.5 * flops / (b_tf * 1e12), rel=1e-9)
+    f32, b32 = cm.compute.attention_core(m, gpu, "fp32", 8192, 1.0, 1)
+    gemm = 2 * cm.compute._gemm(2 * 32 * 8192 * 8192 * 128, cm.compute.gemm_peak(gpu, "fp32"))
+    assert f32 > gemm and b32 == pytest.approx(2 * f32)  # plus the fp32 score passes
+    # shorter sequences run the kernel slower: s / (s + 400), relative to 8K
+    f2k, _ = cm.compute.attention_core(m, gpu, "bf16", 2048, 1.0, 1, "cudnn")
+    rate = (2048 / 2448) / (8192 / 8592)
+    assert f2k == pytest.approx(32 * 2048 * 2048 * 256 / (529e12 * rate), rel=1e-9)
+
+
+def test_a_plans_attention_kernel_reaches_its_estimate(h100):
+    """The same plan priced with flash2 is slower than with cudnn (the default on Hopper), and spelling the
+    default out changes nothing."""
+    doc = _cp_doc(1)
+    base = CostModel(h100).estimate(Plan.model_validate(doc))
+    spelled = CostModel(h100).estimate(Plan.model_validate(dict(doc, attention_kernel="cudnn")))
+    fa2 = CostModel(h100).estimate(Plan.model_validate(dict(doc, attention_kernel="flash2")))
+    assert spelled.iteration_time_s == base.iteration_time_s
+    assert fa2.iteration_time_s > base.iteration_time_s

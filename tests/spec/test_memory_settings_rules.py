@@ -90,6 +90,12 @@ def test_plan_level_rules_name_their_field():
     with pytest.raises(InputError) as e:
         plan_from_dict(dict(doc, loss="chunked"))
     assert "loss" in str(e.value)
+    assert not [e for e in _errors(dict(doc, attention_kernel="flash2")) if e[0] == "attention_kernel"]
+    assert any(f == "attention_kernel" and "fp32" in why
+               for f, why in _errors(dict(doc, precision="fp32", attention_kernel="cudnn")))
+    with pytest.raises(InputError) as e:
+        plan_from_dict(dict(doc, attention_kernel="flash9"))
+    assert "attention_kernel" in str(e.value)
 
 
 def test_version_1_document_refuses_them():

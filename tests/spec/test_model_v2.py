@@ -70,7 +70,8 @@ def test_catalog_costs_match_the_version_1_formulas(name):
         elem = c.elementwise_passes * tokens * h * 2 * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
         elem += 2 * tokens * m.ffn_hidden_size / tp * 2 * mats
         launch = c.kernel_launch_s * c.kernels_per_block_fwd
-        assert cm.analytic_block(m, gpu, "bf16", seq, b, tp, 1, False)[0] == gemm + elem / gpu.hbm_bandwidth + launch
+        want = gemm + elem / gpu.hbm_bandwidth + launch  # Ampere has no measured attention kernel: whole-matrix GEMMs
+        assert cm.analytic_block(m, gpu, "bf16", seq, b, tp, 1, False)[0] == pytest.approx(want, rel=1e-12)
     cal = DEFAULT_CALIBRATION.memory
     i = m.num_layers - 1
     if m.moe_layers[i]:
