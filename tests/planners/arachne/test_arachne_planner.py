@@ -1368,8 +1368,8 @@ def test_a_gpu_type_split_across_node_sizes_is_pooled_into_identical_pipelines()
     assert est.fits and len(plan.devices) == 15 and len(plan.pipelines) == 5
     got = {flag: run_planner("arachne", cl, ctx.model, job, CostModel(cl), SearchBudget(time_budget_s=30),
                              type_pools=flag, modern_knobs=False)[1].tokens_per_s for flag in (False, True)}
-    # pooling wins by about 1.1% here (intra-node sends priced at NCCL's p2p share of the link)
-    assert got[True] >= est.tokens_per_s > 1.01 * got[False]
+    # pooling wins by about 1.0% here (intra-node sends priced at NCCL's p2p share of the link)
+    assert got[True] >= est.tokens_per_s > 1.005 * got[False]
 
 
 def rob021_cluster():
