@@ -38,6 +38,7 @@ from arachne.planners.arachne.template import (
     Group,
     Slot,
     Template,
+    ep_options,
     slot_fits_nodes,
     tp_options,
 )
@@ -165,6 +166,25 @@ def merged(plan: Plan) -> Plan | None:
     return plan.model_copy(update={"pipelines": (pipe,), "micro_batch_size": plan.micro_batch_size * len(pipes)})
 
 
+SEED_EPS = (2, 4, 8)
+"""Expert-parallel degrees the lock-step form of an MoE seed is also priced at (where every stage's dp allows),
+besides ep 1 and the largest degree allowed: Megatron's grid searches ep over its data-parallel replicas."""
+
+
+def expert_parallel_forms(plan: Plan, ctx: PlanningContext) -> list[Plan]:
+    """``plan`` (a lock-step seed of an MoE model) with its experts parallel over each degree of
+    :data:`SEED_EPS` and the largest allowed (:func:`~.template.ep_options` of the smallest stage dp), largest
+    first; none for a dense model."""
+    if not ctx.model.is_moe:
+        return []
+    dps = [st.dp_size for p in plan.pipelines for st in p.stages]
+    allowed = [e for e in ep_options(ctx.model, min(dps)) if e > 1 and all(d % e == 0 for d in dps)]
+    eps = sorted({e for e in allowed if e in SEED_EPS} | set(allowed[-1:]), reverse=True)
+    return [plan.model_copy(update={"pipelines": tuple(
+        p.model_copy(update={"stages": tuple(st.model_copy(update={"ep": e}) for st in p.stages)})
+        for p in plan.pipelines)}) for e in eps]
+
+
 def _placed(t: Template, ctx: PlanningContext, cache: dict) -> list:
     """The placements of ``t`` (counted as work once per template, then cached)."""
     if t not in cache:
@@ -223,8 +243,10 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
             if even is not None:
                 plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, even))
             plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
-        # the lock-step form first (the framework's own structure), then the even and rule shares
-        plans.insert(0, merged(plans[0]) if plans[0] is not None else None)
+        # the lock-step form first (the framework's own structure; an MoE model's also with its experts
+        # parallel over the replicas), then the even and rule shares
+        lock = merged(plans[0]) if plans[0] is not None else None
+        plans[0:0] = [lock] + (expert_parallel_forms(lock, ctx) if lock is not None else [])
         if convert is not None:
             plans = [convert(p) if p is not None else None for p in plans]
         out = []

@@ -55,6 +55,27 @@ def test_merged_is_one_lock_step_pipeline_over_the_same_devices():
     assert seeds.merged(lock) is None  # one pipeline: nothing to merge
 
 
+def test_an_moe_lock_step_seed_is_also_priced_with_its_experts_parallel():
+    """fresh hold-out seed74/rob-029 (Qwen1.5-MoE-A2.7B on 160 MI250X beside slower types): Megatron's grid ran
+    tp 2 x dp 64 x ep 4 at 1,090,888 tokens/s while every arachne seed kept ep 1 (0.829x); the lock-step seed
+    now comes at ep 2, 4, 8 and the largest allowed too, largest first, each ep dividing every stage's dp."""
+    ctx = ctx_for([("H100", 4, 8, 50)], model="Qwen1.5-MoE-A2.7B", gbs=64, seq=2048)
+    tpl = Template((Group((Slot(0, 2),), 16),))  # 16 replicas of tp 2; 60 experts: ep 2 or 4
+    priced = seeds.complete_seed(tpl, ctx, 2, lambda _p: True)
+    lock = next(p for p, _ in priced if len(p.pipelines) == 1 and p.pipelines[0].stages[0].ep == 1)
+    forms = seeds.expert_parallel_forms(lock, ctx)
+    assert [f.pipelines[0].stages[0].ep for f in forms] == [4, 2]
+    for f in forms:
+        validate_plan(f, ctx.cluster, ctx.model)
+    by_ep = {p.pipelines[0].stages[0].ep: e.tokens_per_s for p, e in priced if len(p.pipelines) == 1}
+    assert set(by_ep) == {1, 2, 4} and by_ep[4] > by_ep[1]  # here ep 4 is the fastest lock-step form
+    dense = ctx_for(CLOUD)
+    lock = seeds.merged(next(p for p, _ in seeds.complete_seed(
+        Template(tuple(Group((Slot(c.index, 1),), c.count) for c in dense.classes)), dense, 4, lambda _p: True)
+        if len(p.pipelines) > 1))
+    assert seeds.expert_parallel_forms(lock, dense) == []
+
+
 def test_seeds_cover_the_type_oblivious_megatron_grid():
     """On cloud-16 the Megatron grid over all GPUs (dp 16, two micro-batches of four, overlapped) beat the search
     by 6% before the seeds; every plan arachne returns is valid and it is no slower than that baseline."""
