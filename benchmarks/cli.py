@@ -75,6 +75,8 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "sweeps", "benchmarks.replay:sweeps", "arachne re-planned (with --options) vs the stored baselines")
     p.add_argument("sweeps", nargs="+", help="stored names, patterns ('seed3[1-6]', 'odd*') or runs.json files")
     p.add_argument("--options", default="{}", help="ArachnePlanner options as a JSON object")
+    p.add_argument("--runtime", default=None, help="plan under this runtime preset's rules, as the sweep's CLI runs did "
+                   "(arachne plan's default since the presets exist: arachne); default: none, as the older sweeps ran")
     p.add_argument("--cases", default="", help="comma-separated case names (default: every case)")
     p.add_argument("--budget", type=float, default=5.0, help="the wall-clock cap of each run, s (as in the sweeps)")
     p.add_argument("--name", default="sweeps", help="output file stem (default sweeps)")

@@ -32,13 +32,18 @@ from arachne.spec.model import model_catalog
 from benchmarks import common
 
 
-def plan_arachne(cl, model: str, job: Job, budget_s: float, **options: Any) -> dict[str, Any]:
-    """One in-process arachne run: tokens/s (0 without a plan), wall and work seconds, whether the plan validates."""
+def plan_arachne(cl, model: str, job: Job, budget_s: float, runtime: str | None = None,
+                 **options: Any) -> dict[str, Any]:
+    """One in-process arachne run: tokens/s (0 without a plan), wall and work seconds, whether the plan validates.
+    ``runtime``: the runtime preset whose rules the plan keeps (None: no rules)."""
+    from arachne.spec.runtimes import Legality
+
     spec = model_catalog().get(model)
+    legality = Legality.of(runtime) if runtime is not None else None
     t0 = time.perf_counter()
     try:
         plan, est, res = run_planner("arachne", cl, spec, job, CostModel(cl), SearchBudget(time_budget_s=budget_s),
-                                     **options)
+                                     legality, **options)
     except NoFeasiblePlanError:
         return {"tokens_per_s": 0.0, "wall_s": round(time.perf_counter() - t0, 3), "work_s": None, "valid": None}
     wall = time.perf_counter() - t0
@@ -71,7 +76,7 @@ def sweeps(a) -> None:
                 continue
             cl = sweep.cluster(name)
             r = plan_arachne(cl, case["model"], Job(global_batch_size=case["gbs"], sequence_length=case["seq"]),
-                             a.budget, **options)
+                             a.budget, getattr(a, "runtime", None), **options)
             rows.append({"sweep": sweep.name, "case": name, "gpus": cl.num_gpus, "model": case["model"],
                          "arachne_tok_s": r["tokens_per_s"], "best_baseline": best[name][1],
                          "best_baseline_tok_s": best[name][0], "ratio": r["tokens_per_s"] / best[name][0],
@@ -89,6 +94,7 @@ def sweeps(a) -> None:
                          highlight=False)
     if rows:
         common.write_result(a.out, a.name, rows, summary, {"options": options, "budget": a.budget,
+                                                           "runtime": getattr(a, "runtime", None),
                                                            "sweeps": [s.name for s in loaded]},
                             benchmark="replay-sweeps")
 
