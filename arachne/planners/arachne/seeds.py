@@ -166,7 +166,7 @@ def merged(plan: Plan) -> Plan | None:
     return plan.model_copy(update={"pipelines": (pipe,), "micro_batch_size": plan.micro_batch_size * len(pipes)})
 
 
-SEED_EPS = (2, 4, 8)
+SEED_EPS = (2, 4, 8, 16, 32, 64)
 """Expert-parallel degrees the lock-step form of an MoE seed is also priced at (where every stage's dp allows),
 besides ep 1 and the largest degree allowed: Megatron's grid searches ep over its data-parallel replicas."""
 
