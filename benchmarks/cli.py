@@ -75,8 +75,9 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "sweeps", "benchmarks.replay:sweeps", "arachne re-planned (with --options) vs the stored baselines")
     p.add_argument("sweeps", nargs="+", help="stored names, patterns ('seed3[1-6]', 'odd*') or runs.json files")
     p.add_argument("--options", default="{}", help="ArachnePlanner options as a JSON object")
-    p.add_argument("--runtime", default=None, help="plan under this runtime preset's rules, as the sweep's CLI runs did "
-                   "(arachne plan's default since the presets exist: arachne); default: none, as the older sweeps ran")
+    p.add_argument("--runtime", default=None,
+                   help="plan under this runtime preset's rules, as the sweep's CLI runs did (arachne plan's default "
+                        "since the presets exist: arachne); default: none, as the older sweeps ran")
     p.add_argument("--cases", default="", help="comma-separated case names (default: every case)")
     p.add_argument("--budget", type=float, default=5.0, help="the wall-clock cap of each run, s (as in the sweeps)")
     p.add_argument("--name", default="sweeps", help="output file stem (default sweeps)")
@@ -149,6 +150,10 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=200)
     _out(p, R / "cost_model")
     p = _add(g, "activations", "benchmarks.activations:run", "saved activations of a torch block vs arachne's count")
+    _out(p, R / "cost_model")
+    p = _add(g, "attention", "benchmarks.attention:run", "attention core vs kernel measurements (data/components)")
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "components" /
+                   "attention.yaml")
     _out(p, R / "cost_model")
     p = _add(g, "published", "benchmarks.published:run", "vs published end-to-end runs (data/published_runs)")
     p.add_argument("--data", type=Path, default=None, help="runs file (default data/published_runs/runs.yaml)")
