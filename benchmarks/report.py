@@ -29,6 +29,10 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "cost-model-collectives": ("Collectives vs NCCL measurements",
                                "bus bandwidth of the network model and of a flat ring vs nccl-tests outputs, sizes >= 1 MB",
                                "python -m benchmarks cost-model collectives"),
+    "cost-model-attention": ("Attention kernels",
+                             "the attention core vs published kernel measurements; check rows are those not read "
+                             "into the constants",
+                             "python -m benchmarks cost-model attention"),
     "cost-model-published": ("Published end-to-end runs",
                              "iteration time and memory vs published runs, each priced as its formats-v2 plan; runs "
                              "using a feature the model does not price reported apart; half held out",
