@@ -39,7 +39,16 @@ def run(a) -> None:
     from arachne.spec.gpus import gpu_catalog
     from arachne.spec.model import ModelSpec
 
-    doc = yaml.safe_load(Path(a.data).read_text())
+    try:
+        doc = yaml.safe_load(Path(a.data).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        common.fail(f"{a.data}: {type(exc).__name__}")
+    need = ("gpu", "kernel", "direction", "seq", "heads", "head_dim", "tflops")
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        common.fail(f"{a.data}: rows: a list of measurements is needed")
+    for i, r in enumerate(doc["rows"]):
+        if not isinstance(r, dict) or any(k not in r for k in need):
+            common.fail(f"{a.data}: rows[{i}]: needs {', '.join(need)}")
     cm = ComputeModel(None, DEFAULT_CALIBRATION.compute)
     rows = []
     for r in doc["rows"]:
