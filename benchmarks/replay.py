@@ -62,6 +62,14 @@ def sweeps(a) -> None:
         assert isinstance(options, dict)
     except (ValueError, AssertionError):
         common.fail(f"--options: {a.options!r} is not a JSON object")
+    if getattr(a, "runtime", None) is not None:
+        from arachne.errors import InputError
+        from arachne.spec.runtimes import runtime_preset
+
+        try:
+            runtime_preset(a.runtime)
+        except InputError as exc:
+            common.fail(str(exc))
     loaded = common.load_sweeps(a.sweeps, kind="robustness")
     only = {c for c in a.cases.split(",") if c}
     unknown = sorted(only - {c["name"] for s in loaded for c in s.cases})

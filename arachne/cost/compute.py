@@ -34,11 +34,6 @@ def uses_flash_attention(precision: str) -> bool:
     return precision != "fp32"
 
 
-ATTENTION_KERNELS = ("cudnn", "flash2")
-"""Fused attention kernels a plan can name (``attention_kernel``): ``cudnn`` (cuDNN's fused attention, what
-Transformer Engine runs on Hopper and Blackwell; FlashAttention-3 is within 5% of it) and ``flash2``
-(FlashAttention-2, PyTorch SDPA's flash backend)."""
-
 ATTENTION_EFFICIENCY: dict[tuple[str, str], tuple[float, float]] = {
     ("hopper", "cudnn"): (529 / 989, 541 / 989),
     ("hopper", "flash2"): (333 / 989, 299 / 989),
