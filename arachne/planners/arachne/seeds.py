@@ -14,8 +14,9 @@ sizes pooled) and on each type alone, starting from the incumbent plan's types a
 shallowest depth that fits and the next depth that leaves the fewest GPUs idle, with as many pipelines as
 divide the batch (Megatron's dp must) and as many as fit, at the largest micro-batch sizes and the fastest by
 the completion's time model, the batch shared by the completion's rule and evenly, also in Megatron's
-lock-step form (one pipeline whose stages are data parallel over all replicas), each with and without the
-gradient reduction overlapped. The best few then get the knobs (:func:`~.completion.modern.modernize`:
+lock-step form (one pipeline whose stages are data parallel over all replicas; an MoE model's built as one
+with its experts parallel, and at several expert-parallel degrees), each with the gradient reduction
+overlapped. The best few then get the knobs (:func:`~.completion.modern.modernize`:
 per-stage recomputation, ZeRO, ...). Every estimate is counted by the work clock (the cost model's counters),
 and the layer splits and placements by ``ctx.work``."""
 
@@ -99,6 +100,32 @@ def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, sta
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
 
 
+def lockstep_dp(ctx: PlanningContext, first: int, n: int, tp: int, stages: int) -> int:
+    """The data-parallel degree of a lock-step pipeline of ``stages`` x ``tp`` GPUs on a pool of ``n`` GPUs (its
+    first class ``first``): the most replicas that divide the batch and pack into the class's nodes (1: none)."""
+    node, gbs = ctx.classes[first].node_size, ctx.job.global_batch_size
+    return next((d for d in range(n // (stages * tp), 1, -1) if gbs % d == 0 and slot_fits_nodes(tp * d, node)), 1)
+
+
+def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
+    """An MoE model's Megatron form built as one: per GPU type of ``subset``, one pipeline of ``stages`` stages of
+    ``tp`` GPUs whose stages are data parallel over as many replicas as divide the batch (and pack into nodes),
+    the experts parallel over the largest degree allowed: a depth that fits only with the experts sharded
+    (DeepSeek-MoE-16B's 16 GB of weights on 32 GB parts at one stage) is built here, not at ep 1 and then
+    converted (:func:`expert_parallel_forms` prices the smaller degrees). None for a dense model or where no
+    type holds one."""
+    if not ctx.model.is_moe:
+        return None
+    groups = []
+    for first, n in pools(ctx, subset, tp):
+        dp = lockstep_dp(ctx, first, n, tp, stages)
+        if dp > 1:
+            ep = max(ep_options(ctx.model, dp))
+            groups.append(Group((Slot(first, tp, dp=dp, ep=ep, pool=n > ctx.classes[first].count),) * stages, 1))
+    tpl = Template(tuple(groups))
+    return tpl if groups and tpl.fits_counts(ctx.classes) else None
+
+
 def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
     """The type-oblivious grid's structure: as many replicas as possible of one pipeline of ``stages`` stages of
     ``tp`` GPUs over every GPU type of ``subset``, each type serving consecutive stages in proportion to its GPUs
@@ -143,18 +170,20 @@ def overlapped(plan: Plan) -> Plan:
 
 
 def merged(plan: Plan) -> Plan | None:
-    """Pipelines of one shape (stages, tp, micro-batch count) as one pipeline whose stages are data parallel over
-    all of them, on the last pipeline's layer split (the slowest class's: classes come fastest first): Megatron's
-    form, where replicas of a stage run in lock step and the gradient reduction hides behind the slowest one's
-    backward. None where the pipelines differ in shape (or there is only one)."""
+    """Pipelines of one shape (stages, their tp, dp and ep, micro-batch count) as one pipeline whose stages are
+    data parallel over all of them, on the last pipeline's layer split (the slowest class's: classes come fastest
+    first): Megatron's form, where replicas of a stage run in lock step and the gradient reduction hides behind the
+    slowest one's backward. None where the pipelines differ in shape (or there is only one)."""
     pipes = plan.pipelines
     if len(pipes) < 2:
         return None
     first = pipes[0]
-    shape = (len(first.stages), first.micro_batches, first.micro_batch_size, first.virtual_stages,
-             tuple(st.tp for st in first.stages))
-    if any((len(p.stages), p.micro_batches, p.micro_batch_size, p.virtual_stages,
-            tuple(st.tp for st in p.stages)) != shape for p in pipes) or first.micro_batch_size is not None:
+
+    def shape(p) -> tuple:
+        return (len(p.stages), p.micro_batches, p.micro_batch_size, p.virtual_stages,
+                tuple((st.tp, st.dp_size, st.ep) for st in p.stages))
+
+    if any(shape(p) != shape(first) for p in pipes) or first.micro_batch_size is not None:
         return None
     base = pipes[-1]
     stages = []
@@ -222,11 +251,11 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
                   convert: Callable[[Plan], Plan | None] | None = None) -> list[Priced]:
     """``tpl`` at micro-batch size ``mbs``, without recomputation or (if nothing fits without) with it, the batch
     shared by the completion's rule and evenly on each placement, and evenly in Megatron's lock-step form
-    (:func:`merged`), each with and
-    without the gradient reduction overlapped (overlap pays only where one micro-batch's backward is long enough
-    to hide the reduction's buckets behind): the faster of each that fits. ``cache``: placements by template (see
-    :func:`_placed`); no estimate once ``deadline`` expires. ``convert``: each plan is rewritten by it before it is
-    priced (a proxy job's plan as the real job's, :mod:`.long_context`; None: not a candidate)."""
+    (:func:`merged`; an MoE model's also at the expert-parallel degrees of :func:`expert_parallel_forms`), each
+    with the gradient reduction overlapped where the rules allow (:func:`overlapped`): every one that fits.
+    ``cache``: placements by template (see :func:`_placed`); no estimate once ``deadline`` expires. ``convert``:
+    each plan is rewritten by it before it is priced (a proxy job's plan as the real job's, :mod:`.long_context`;
+    None: not a candidate)."""
     cm = ctx.cost_model
     t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
     lays = _placed(t, ctx, {} if cache is None else cache)
@@ -246,20 +275,23 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
         # the lock-step form first (the framework's own structure; an MoE model's also with its experts
         # parallel over the replicas), then the even and rule shares
         lock = merged(plans[0]) if plans[0] is not None else None
-        plans[0:0] = [lock] + (expert_parallel_forms(lock, ctx) if lock is not None else [])
+        step = lock if lock is not None else plans[0]  # (a lock-step template's own plan is one pipeline)
+        forms = expert_parallel_forms(step, ctx) if step is not None else []
+        plans[0:0] = [lock] + [p for p in forms if p != step]
         if convert is not None:
             plans = [convert(p) if p is not None else None for p in plans]
         out = []
         for plan in plans:
-            best = None
-            for cand in {id(c): c for c in (overlapped(plan) if plan is not None else None, plan)}.values():
-                if cand is None or not ok(cand) or (deadline is not None and deadline.expired()):
-                    continue
-                est = cm.estimate(cand, validate=False)
-                if est.fits and (best is None or est.iteration_time_s < best[1].iteration_time_s):
-                    best = (cand, est)
-            if best is not None:
-                out.append(best)
+            if plan is None or (deadline is not None and deadline.expired()):
+                continue
+            # overlapped where the framework allows it: never slower in the cost model (the reduction's
+            # exposed part only shrinks, memory is the same), so the plain form is priced only in its place
+            cand = next((c for c in (overlapped(plan), plan) if ok(c)), None)
+            if cand is None:
+                continue
+            est = cm.estimate(cand, validate=False)
+            if est.fits:
+                out.append((cand, est))
         if out:
             return out
     return []
@@ -285,12 +317,19 @@ def gpus_used(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: in
 
 
 def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> bool:
-    """A necessary condition for :func:`uniform_template` to fit: some type's pipeline holds the weights and
-    gradients of every layer (ZeRO-1 shards only the optimizer state) within its GPUs' memory; shallower depths
-    of a large model are skipped without completing them."""
+    """A necessary condition for the family's templates to fit: some type's pipeline holds the weights and
+    gradients of every layer (ZeRO-1 shards only the optimizer state; an MoE model's routed experts are sharded
+    as :func:`lockstep_template` shards them) within its GPUs' memory; shallower depths of a large model are
+    skipped without completing them."""
     w, g, _ = state_bytes_per_param(ctx.job.precision, ctx.cost_model.cal.memory)
-    need = ctx.model.num_params * (w + g)
-    return any(stages * tp * ctx.classes[first].gpu.memory_bytes >= need
+    model = ctx.model
+    routed = sum(model.block_expert_params(i) for i in range(model.num_layers))
+
+    def need(first: int, n: int) -> float:  # an MoE model's routed experts over the largest ep allowed lock-step
+        ep = max(ep_options(model, lockstep_dp(ctx, first, n, tp, stages))) if routed else 1
+        return (model.num_params - routed + routed / ep) * (w + g)
+
+    return any(stages * tp * ctx.classes[first].gpu.memory_bytes >= need(first, n)
                for first, n in pools(ctx, subset, tp) if n >= stages * tp)
 
 
@@ -315,7 +354,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     out: list[Priced] = []
 
     def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
-        tpls = [uniform_template(ctx, subset, tp, S)] + ([mixed_template(ctx, subset, tp, S)] if mixed else [])
+        tpls = [lockstep_template(ctx, subset, tp, S), uniform_template(ctx, subset, tp, S)]
+        tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None
         found: list[Priced] = []

@@ -76,6 +76,38 @@ def test_an_moe_lock_step_seed_is_also_priced_with_its_experts_parallel():
     assert seeds.expert_parallel_forms(lock, dense) == []
 
 
+def test_an_moe_model_that_fits_only_with_its_experts_sharded_gets_the_lock_step_form_built_with_them():
+    """fresh hold-out seed75/rob-020 (DeepSeek-MoE-16B on 32 GB parts): Megatron's one-stage tp 1 x dp 256 x ep 16
+    fits only with the experts sharded; the family judged a depth's fit at ep 1, never built that form and lost
+    8%. Its 16 GB of weights (and as much of gradients) do not fit one 32 GB GPU, but sharded 64 ways they do."""
+    ctx = ctx_for([("V100-SXM2-32GB", 8, 8, 12.5)], model="DeepSeek-MoE-16B", gbs=64, seq=2048)
+    (every,) = seeds.class_subsets(ctx)
+    assert seeds.holds_state(ctx, every, 1, 1)
+    assert seeds.complete_seed(seeds.uniform_template(ctx, every, 1, 1), ctx, 1, lambda _p: True) == []
+    tpl = seeds.lockstep_template(ctx, every, 1, 1)
+    assert tpl == Template((Group((Slot(0, 1, dp=64, ep=64),), 1),))
+    priced = seeds.complete_seed(tpl, ctx, 64, lambda _p: True)
+    eps = {p.pipelines[0].stages[0].ep for p, _ in priced}
+    assert 64 in eps and len(eps) > 1 and all(e.fits for _, e in priced)  # the smaller degrees that fit, too
+    for plan, _ in priced:
+        validate_plan(plan, ctx.cluster, ctx.model)
+    assert seeds.lockstep_template(ctx_for(CLOUD), (0, 1), 1, 1) is None  # dense: the uniform forms only
+
+
+def test_only_pipelines_of_one_shape_merge():
+    """Lock-step groups of two types with different dp (8 and 4 replicas) do not merge: one micro-batch cannot
+    be split evenly over 12 replicas as each group's own was; groups of the same dp and ep do."""
+    ctx = ctx_for([("H100", 2, 8, 50), ("A100", 2, 8, 25)], model="DeepSeek-MoE-16B", gbs=64, seq=2048)
+    tpl = Template((Group((Slot(0, 2, dp=8, ep=8),), 1), Group((Slot(1, 2, dp=4, ep=4),), 1)))
+    plan = next(p for p, _ in seeds.complete_seed(tpl, ctx, 16, lambda _p: True) if len(p.pipelines) == 2)
+    assert seeds.merged(plan) is None
+    same = Template((Group((Slot(0, 2, dp=8, ep=8),), 1), Group((Slot(1, 2, dp=8, ep=8),), 1)))
+    plan = next(p for p, _ in seeds.complete_seed(same, ctx, 16, lambda _p: True) if len(p.pipelines) == 2)
+    lock = seeds.merged(plan)
+    assert lock is not None and lock.pipelines[0].stages[0].dp_size == 16 and lock.pipelines[0].stages[0].ep == 8
+    validate_plan(lock, ctx.cluster, ctx.model)
+
+
 def test_seeds_cover_the_type_oblivious_megatron_grid():
     """On cloud-16 the Megatron grid over all GPUs (dp 16, two micro-batches of four, overlapped) beat the search
     by 6% before the seeds; every plan arachne returns is valid and it is no slower than that baseline."""
