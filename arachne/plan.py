@@ -237,10 +237,14 @@ class Plan(_V1Dump):
     5% of it); ``flash2``: FlashAttention-2 (the ``flash-attn`` 2.x package; PyTorch SDPA's flash backend, what
     SDPA runs on Hopper from torch 2.5.1 until torch 2.10 with cuDNN 9.15.1). Unset: ``cudnn`` on Hopper and
     Blackwell, ``flash2`` elsewhere. fp32 has no fused kernel: its scores are materialised."""
+    elementwise_kernels: Literal["fused", "eager"] | None = None
+    """v2 (optional, an arachne addition): how the blocks' element-wise ops (norms, rotary embedding) run.
+    ``fused``: fused kernels (Transformer Engine, apex, ``torch.compile``); ``eager``: eager PyTorch, one kernel per
+    op with fp32 upcasts (torchtitan without ``compile``). Unset: ``fused``. Priced for 16-bit activations."""
     V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False,
                                              "framework": None, "grad_reduce_in_fp32": None, "fp8_params": False,
                                              "master_weights": None, "optimizer_state_dtype": None, "loss": None,
-                                             "attention_kernel": None}
+                                             "attention_kernel": None, "elementwise_kernels": None}
 
     @field_validator("format")
     @classmethod

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from arachne.spec.model import ModelSpec
 
 V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "framework", "grad_reduce_in_fp32", "fp8_params",
-                "master_weights", "optimizer_state_dtype", "loss", "attention_kernel")
+                "master_weights", "optimizer_state_dtype", "loss", "attention_kernel", "elementwise_kernels")
 V2_PIPELINE_KEYS = ("virtual_stages",)
 V2_STAGE_KEYS = ("cp", "sequence_parallel", "recompute_layers", "etp", "recompute_modules")
 MEMORY_SETTINGS = ("recompute_modules", "fp8_params", "master_weights", "optimizer_state_dtype", "loss")
@@ -29,7 +29,7 @@ FEATURES = {  # v2_fields_used's feature names, as messages say them
     "grad_reduce_in_fp32": "the gradient reduction type", "recompute_modules": "recomputation of chosen modules",
     "fp8_params": "fp8 parameters", "master_weights": "no fp32 master weights",
     "optimizer_state_dtype": "16-bit optimizer state", "loss": "a fused cross-entropy",
-    "attention_kernel": "a named attention kernel",
+    "attention_kernel": "a named attention kernel", "elementwise_kernels": "eager or fused element-wise kernels",
 }
 NEEDS_V2 = 'needs "format": "arachne-plan/2" (this plan says arachne-plan/1)'
 

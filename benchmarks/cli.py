@@ -155,6 +155,10 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "components" /
                    "attention.yaml")
     _out(p, R / "cost_model")
+    p = _add(g, "elementwise", "benchmarks.elementwise:run", "eager element-wise ops vs kernel measurements")
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "components" /
+                   "elementwise.yaml")
+    _out(p, R / "cost_model")
     p = _add(g, "published", "benchmarks.published:run", "vs published end-to-end runs (data/published_runs)")
     p.add_argument("--data", type=Path, default=None, help="runs file (default data/published_runs/runs.yaml)")
     _out(p, R / "cost_model")

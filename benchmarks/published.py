@@ -100,6 +100,9 @@ class Parallel(_Strict):
     field of that name); null: the attention core only."""
     fp8_params: bool | None = None
     """fp8 parameters (Megatron ``fp8_param_gather``) when the recipe states them (the plan field of that name)."""
+    elementwise_kernels: Literal["fused", "eager"] | None = None
+    """``eager`` where the source says its norms and rotary embedding ran as eager PyTorch ops (torchtitan without
+    ``torch.compile``); the plan field of that name. Null: fused (the plan's default)."""
     mbs: int = Field(ge=1)
     """Micro-batch size (sequences per data-parallel rank per micro-batch)."""
     gbs: int = Field(ge=1)
@@ -427,6 +430,8 @@ def convert(runs: RunsFile, rec: Record) -> tuple[dict, dict, dict[str, Any]]:
             plan[key] = _default(runs, rec, key)
     if p.fp8_params:
         plan["fp8_params"] = True
+    if p.elementwise_kernels is not None:
+        plan["elementwise_kernels"] = p.elementwise_kernels
     if overlap:
         plan["overlap_grad_reduce"] = True
         if zero >= 1:

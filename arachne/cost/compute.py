@@ -54,6 +54,35 @@ causal forward on H100: 191 / 298 / 333 / 335 TFLOPS at 512 / 2K / 8K / 16K toke
 ``s / (s + 400)`` within 3%)."""
 
 
+EAGER_NORM_BYTES = (67.7, 148.1)
+"""Eager PyTorch RMSNorm over a fused (``torch.compile``d) one, 16-bit activations: (forward, backward) extra HBM
+bytes per element of the norm's input, at the GPU's nominal bandwidth. Measured: LinkedIn Liger-Kernel's H100 NVL
+benchmark (``benchmark/data/h100_all_benchmark_data.csv`` @ 3534d446, 2025-01): the Hugging Face Llama RMSNorm
+(upcast to fp32, pow, mean, rsqrt, two multiplies, downcast: one kernel each) against ``torch.compile`` of it,
+2048 rows of 8192, times the card's 3.9 TB/s (``data/components/elementwise.yaml``)."""
+
+EAGER_ROPE_BYTES = (49.2, 44.2)
+"""The same for rotary embedding, per element of the queries and keys it rotates (Hugging Face ``rotate_half``
+RoPE eager against compiled, 8192 tokens, 32 query and 8 key heads of width 256; same source)."""
+
+
+def eager_extra_bytes(model: ModelSpec, tokens: float, tp: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes one block's eager element-wise ops move beyond fused kernels: the two
+    RMSNorms (split by tp: tensor parallelism in eager PyTorch runs with sequence parallelism, as torchtitan's
+    does) and rotary embedding on the queries and keys (MLA: its rotary part only). Ignored: q/k norms, the
+    activation function and residual adds (eager SwiGLU costs within 2% of compiled in the same source)."""
+    a = model.num_attention_heads
+    norm = 2 * tokens * model.hidden_size / tp
+    if model.position_embedding != "rope":
+        qk = 0.0
+    elif model.attention == "mla":
+        qk = tokens * (a / tp + 1) * (model.qk_rope_head_dim or 0)
+    else:
+        qk = tokens * (a + model.kv_heads) * model.head_dim / tp
+    return (EAGER_NORM_BYTES[0] * norm + EAGER_ROPE_BYTES[0] * qk,
+            EAGER_NORM_BYTES[1] * norm + EAGER_ROPE_BYTES[1] * qk)
+
+
 def default_attention_kernel(gpu: GPUType) -> str:
     """The kernel a plan that names none runs: ``cudnn`` on Hopper and Blackwell (Transformer Engine's default,
     and PyTorch SDPA's from torch 2.10 with cuDNN 9.15.1), ``flash2`` elsewhere."""
@@ -131,10 +160,12 @@ class ComputeModel:
         return gemm + elem, c.bwd_over_fwd * gemm + 2 * elem
 
     def analytic_block(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                       ep: int, moe: bool, etp: int | None = None, kernel: str | None = None) -> tuple[float, float]:
+                       ep: int, moe: bool, etp: int | None = None, kernel: str | None = None,
+                       eager: bool = False) -> tuple[float, float]:
         """Forward and backward seconds of one block (TP communication excluded); ``etp``: the routed experts'
         own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``;
-        ``kernel``: the attention kernel (:meth:`attention_core`)."""
+        ``kernel``: the attention kernel (:meth:`attention_core`); ``eager``: 16-bit element-wise ops run as
+        eager PyTorch kernels (:func:`eager_extra_bytes` on top; fp32's fitted count is already unfused)."""
         c = self.cal
         peak = self.gemm_peak(gpu, precision)  # the Linear GEMMs (fp8 rate under fp8)
         core = self.gemm_peak(gpu, core_precision(precision))  # the router stays bf16 under fp8
@@ -166,6 +197,9 @@ class ComputeModel:
         launch = c.kernel_launch_s * c.kernels_per_block_fwd
         fwd = gemm + att_f + elem / gpu.hbm_bandwidth + launch
         bwd = c.bwd_over_fwd * gemm + att_b + 2 * elem / gpu.hbm_bandwidth + 2 * launch
+        if eager and precision != "fp32":
+            xf, xb = eager_extra_bytes(model, tokens, tp)
+            fwd, bwd = fwd + xf / gpu.hbm_bandwidth, bwd + xb / gpu.hbm_bandwidth
         return fwd, bwd
 
     def analytic_ends(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float,
@@ -185,17 +219,18 @@ class ComputeModel:
         return emb_f, emb_b, head_f, head_b
 
     def _analytic(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                  ep: int, etp: int | None = None, kernel: str | None = None) -> LayerCosts:
+                  ep: int, etp: int | None = None, kernel: str | None = None, eager: bool = False) -> LayerCosts:
         L = model.num_layers
         fwd = np.zeros(L + 1)
         bwd = np.zeros(L + 1)
         dense = moe = None
         for i in range(L):
             if model.moe_layers[i]:
-                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp, kernel)
+                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp, kernel, eager)
                 f, bw = moe
             else:
-                dense = dense or self.analytic_block(model, gpu, precision, seq, b, tp, ep, False, kernel=kernel)
+                dense = dense or self.analytic_block(model, gpu, precision, seq, b, tp, ep, False, kernel=kernel,
+                                                     eager=eager)
                 f, bw = dense
             fwd[i + 1] = fwd[i] + f
             bwd[i + 1] = bwd[i] + bw
@@ -232,10 +267,12 @@ class ComputeModel:
                           source, True, opt)
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                    ep: int = 1, tp_comm=None, etp: int | None = None, kernel: str | None = None) -> LayerCosts:
+                    ep: int = 1, tp_comm=None, etp: int | None = None, kernel: str | None = None,
+                    eager: bool = False) -> LayerCosts:
         """Per-layer costs; ``tp_comm(tp)`` gives one block's fwd TP traffic time for scaling profiles;
-        ``kernel``: the attention kernel of analytic blocks (profiles measured their own)."""
-        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp, kernel)
+        ``kernel``, ``eager``: the attention kernel and eager element-wise ops of analytic blocks (profiles
+        measured their own)."""
+        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp, kernel, eager)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -243,6 +280,6 @@ class ComputeModel:
         if not model.is_moe:
             costs = self._profiled(model, gpu, precision, seq, b, tp, tp_comm or (lambda t: 0.0))
         if costs is None:
-            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp, kernel)
+            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp, kernel, eager)
         self._cache[key] = costs
         return costs

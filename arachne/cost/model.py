@@ -58,7 +58,7 @@ PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_para
                                                 "overlap_param_gather", "zero_stage", "fp8", "etp", "cp",
                                                 "framework", "grad_reduce_in_fp32", "recompute_modules",
                                                 "fp8_params", "master_weights", "optimizer_state_dtype", "loss",
-                                                "attention_kernel"})
+                                                "attention_kernel", "elementwise_kernels"})
 # plan_rules.v2_fields_used features this cost model prices
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
@@ -137,15 +137,16 @@ class CostModel(SyncMixin, PipelineMixin):
         return m
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                    ep: int = 1, etp: int | None = None, kernel: str | None = None) -> LayerCosts:
+                    ep: int = 1, etp: int | None = None, kernel: str | None = None,
+                    eager: bool = False) -> LayerCosts:
         """Per-layer times on one GPU type (what planners use as leaf costs); ``kernel``: the plan's
-        ``attention_kernel``."""
+        ``attention_kernel``; ``eager``: its ``elementwise_kernels`` is ``eager``."""
         h = model.hidden_size
 
         def tp_comm(t: int) -> float:
             return self.tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
 
-        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp, kernel)
+        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp, kernel, eager)
 
     def tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
         """Forward TP traffic of one block (two all-reduces) inside a node of ``gpu``."""
@@ -180,8 +181,9 @@ class CostModel(SyncMixin, PipelineMixin):
         op_sel = mode == "selective" and mods is None and plan.precision != "fp32" and \
             (plan.framework or convention(plan.zero_stage)) == "torch"
         kern = getattr(plan, "attention_kernel", None)  # baselines price stages with a Job (the default kernel)
+        eager = getattr(plan, "elementwise_kernels", None) == "eager"
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
-               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern)
+               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern, eager)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -198,7 +200,7 @@ class CostModel(SyncMixin, PipelineMixin):
         worst = None
         for g in groups:
             gpu = _slowest([devs[d].gpu for d in g], prec)
-            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern)
+            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager)
             f, bw = lc.blocks(a, z)
             if first:
                 f += lc.emb_fwd
@@ -215,7 +217,7 @@ class CostModel(SyncMixin, PipelineMixin):
                 rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
                                   z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern))
             elif op_sel:
-                rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp)
+                rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp, eager)
             elif mode == "selective":
                 rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern)
             bw += rec
