@@ -44,10 +44,13 @@ def run(a) -> None:
             "rope": ("direction", "tokens", "q_heads", "kv_heads", "head_dim", "eager_ms", "compiled_ms")}
     rows = []
     for i, r in enumerate(doc["rows"]):
-        if not isinstance(r, dict) or r.get("op") not in need or any(k not in r for k in need[r["op"]]) \
-                or r["direction"] not in ("fwd", "bwd"):
-            common.fail(f"{a.data}: rows[{i}]: needs op (rms_norm or rope), direction (fwd or bwd) and "
-                        f"{', '.join(need.get(r.get('op') if isinstance(r, dict) else '', need['rope']))}")
+        keys = need.get(r.get("op") if isinstance(r, dict) else "", need["rope"])
+        if not isinstance(r, dict) or r.get("op") not in need or any(k not in r for k in keys) \
+                or r["direction"] not in ("fwd", "bwd") \
+                or not all(isinstance(r[k], (int, float)) and not isinstance(r[k], bool) and r[k] > 0
+                           for k in keys[1:]) or r["eager_ms"] <= r["compiled_ms"]:
+            common.fail(f"{a.data}: rows[{i}]: needs op (rms_norm or rope), direction (fwd or bwd) and positive "
+                        f"numbers {', '.join(keys[1:])}, eager_ms above compiled_ms")
         if r["op"] == "rms_norm":
             elements, per = r["tokens"] * r["width"], EAGER_NORM_BYTES
         else:

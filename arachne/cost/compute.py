@@ -66,13 +66,20 @@ EAGER_ROPE_BYTES = (49.2, 44.2)
 RoPE eager against compiled, 8192 tokens, 32 query and 8 key heads of width 256; same source)."""
 
 
-def eager_extra_bytes(model: ModelSpec, tokens: float, tp: int) -> tuple[float, float]:
+EAGER_MODES = ("split", "replicated")
+"""How a block's eager element-wise ops are laid out over tp (the ``eager`` argument below; None: fused kernels):
+``split``: each rank's norms see ``1/tp`` of the tokens (sequence parallelism, or tp 1); ``replicated``: every
+rank normalises the whole sequence."""
+
+
+def eager_extra_bytes(model: ModelSpec, tokens: float, tp: int, mode: str = "split") -> tuple[float, float]:
     """(forward, backward) HBM bytes one block's eager element-wise ops move beyond fused kernels: the two
-    RMSNorms (split by tp: tensor parallelism in eager PyTorch runs with sequence parallelism, as torchtitan's
-    does) and rotary embedding on the queries and keys (MLA: its rotary part only). Ignored: q/k norms, the
-    activation function and residual adds (eager SwiGLU costs within 2% of compiled in the same source)."""
+    RMSNorms (a model with biases has LayerNorm, whose eager ``nn.LayerNorm`` is one native kernel already:
+    nothing) over ``1/tp`` of the tokens in ``split`` mode, all of them ``replicated``; rotary embedding on the
+    queries and keys of the rank's heads (MLA: its rotary part). Ignored: q/k norms, the activation function and
+    residual adds (eager SwiGLU costs within 2% of compiled in the same source)."""
     a = model.num_attention_heads
-    norm = 2 * tokens * model.hidden_size / tp
+    norm = 0.0 if model.bias else 2 * tokens * model.hidden_size / (tp if mode == "split" else 1)
     if model.position_embedding != "rope":
         qk = 0.0
     elif model.attention == "mla":
@@ -161,11 +168,12 @@ class ComputeModel:
 
     def analytic_block(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                        ep: int, moe: bool, etp: int | None = None, kernel: str | None = None,
-                       eager: bool = False) -> tuple[float, float]:
+                       eager: str | None = None) -> tuple[float, float]:
         """Forward and backward seconds of one block (TP communication excluded); ``etp``: the routed experts'
         own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``;
-        ``kernel``: the attention kernel (:meth:`attention_core`); ``eager``: 16-bit element-wise ops run as
-        eager PyTorch kernels (:func:`eager_extra_bytes` on top; fp32's fitted count is already unfused)."""
+        ``kernel``: the attention kernel (:meth:`attention_core`); ``eager`` (:data:`EAGER_MODES`): 16-bit
+        element-wise ops run as eager PyTorch kernels (:func:`eager_extra_bytes` on top; fp32's fitted count is
+        already unfused)."""
         c = self.cal
         peak = self.gemm_peak(gpu, precision)  # the Linear GEMMs (fp8 rate under fp8)
         core = self.gemm_peak(gpu, core_precision(precision))  # the router stays bf16 under fp8
@@ -197,8 +205,8 @@ class ComputeModel:
         launch = c.kernel_launch_s * c.kernels_per_block_fwd
         fwd = gemm + att_f + elem / gpu.hbm_bandwidth + launch
         bwd = c.bwd_over_fwd * gemm + att_b + 2 * elem / gpu.hbm_bandwidth + 2 * launch
-        if eager and precision != "fp32":
-            xf, xb = eager_extra_bytes(model, tokens, tp)
+        if eager is not None and precision != "fp32":
+            xf, xb = eager_extra_bytes(model, tokens, tp, eager)
             fwd, bwd = fwd + xf / gpu.hbm_bandwidth, bwd + xb / gpu.hbm_bandwidth
         return fwd, bwd
 
@@ -219,7 +227,8 @@ class ComputeModel:
         return emb_f, emb_b, head_f, head_b
 
     def _analytic(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
-                  ep: int, etp: int | None = None, kernel: str | None = None, eager: bool = False) -> LayerCosts:
+                  ep: int, etp: int | None = None, kernel: str | None = None,
+                  eager: str | None = None) -> LayerCosts:
         L = model.num_layers
         fwd = np.zeros(L + 1)
         bwd = np.zeros(L + 1)
@@ -268,7 +277,7 @@ class ComputeModel:
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                     ep: int = 1, tp_comm=None, etp: int | None = None, kernel: str | None = None,
-                    eager: bool = False) -> LayerCosts:
+                    eager: str | None = None) -> LayerCosts:
         """Per-layer costs; ``tp_comm(tp)`` gives one block's fwd TP traffic time for scaling profiles;
         ``kernel``, ``eager``: the attention kernel and eager element-wise ops of analytic blocks (profiles
         measured their own)."""

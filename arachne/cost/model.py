@@ -64,6 +64,15 @@ PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_para
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
 
 
+def eager_mode(plan, st: Stage) -> str | None:
+    """The ``eager`` argument of :meth:`CostModel.layer_costs` for a stage of ``plan`` (:data:`~.compute.EAGER_MODES`):
+    None unless the plan says ``elementwise_kernels: eager``; then ``split`` with sequence parallelism or tp 1,
+    else ``replicated``. ``plan`` may be a Job (baselines price with one): fused."""
+    if getattr(plan, "elementwise_kernels", None) != "eager":
+        return None
+    return "split" if st.sequence_parallel or st.tp == 1 else "replicated"
+
+
 @lru_cache(maxsize=4096)
 def _dedup_fraction(experts: int, k: int, n: int, members: tuple[int, ...]) -> float:
     """Cross-node bytes of a node-deduplicated dispatch over those of a per-expert one, for a member on the
@@ -138,9 +147,9 @@ class CostModel(SyncMixin, PipelineMixin):
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                     ep: int = 1, etp: int | None = None, kernel: str | None = None,
-                    eager: bool = False) -> LayerCosts:
+                    eager: str | None = None) -> LayerCosts:
         """Per-layer times on one GPU type (what planners use as leaf costs); ``kernel``: the plan's
-        ``attention_kernel``; ``eager``: its ``elementwise_kernels`` is ``eager``."""
+        ``attention_kernel``; ``eager``: its ``elementwise_kernels`` is ``eager`` (:func:`eager_mode`)."""
         h = model.hidden_size
 
         def tp_comm(t: int) -> float:
@@ -181,7 +190,7 @@ class CostModel(SyncMixin, PipelineMixin):
         op_sel = mode == "selective" and mods is None and plan.precision != "fp32" and \
             (plan.framework or convention(plan.zero_stage)) == "torch"
         kern = getattr(plan, "attention_kernel", None)  # baselines price stages with a Job (the default kernel)
-        eager = getattr(plan, "elementwise_kernels", None) == "eager"
+        eager = eager_mode(plan, st)
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
                mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern, eager)
         hit = self._stage_cache.get(key)
@@ -217,7 +226,9 @@ class CostModel(SyncMixin, PipelineMixin):
                 rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
                                   z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern))
             elif op_sel:
-                rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp, eager)
+                # (a profiled block measured its own kernels: no eager term on its recomputation either)
+                rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp,
+                                                 eager if lc.source == "analytic" else None)
             elif mode == "selective":
                 rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern)
             bw += rec
@@ -428,6 +439,14 @@ class CostModel(SyncMixin, PipelineMixin):
         opts = (plan.fp8_params, plan.master_weights, plan.optimizer_state_dtype, plan.loss)
         return () if opts == (False, None, None, None) else opts
 
+    @staticmethod
+    def kernel_options(plan) -> tuple:
+        """The plan's kernel choices that set stage times (``attention_kernel``, ``elementwise_kernels``; empty
+        when unset): part of every cache key above the stage's own, which has them too. ``plan`` may be a Job
+        (baselines price with one): the default kernels."""
+        opts = (getattr(plan, "attention_kernel", None), getattr(plan, "elementwise_kernels", None))
+        return () if opts == (None, None) else opts
+
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally
         (time, transfers and memory depend on node classes and which stages share a node, not names).
@@ -504,7 +523,7 @@ class CostModel(SyncMixin, PipelineMixin):
             key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
                    plan.sequence_length, plan.zero_stage,
                    (stage_sync[pi], plan.overlap_param_gather, plan.overlap_grad_reduce) if z3 else None,
-                   plan.framework, plan.grad_reduce_in_fp32, self.memory_options(plan))
+                   plan.framework, plan.grad_reduce_in_fp32, self.memory_options(plan), self.kernel_options(plan))
             if key not in shapes:
                 shapes.add(key)
                 self.estimated_cells += S * min(p.micro_batches, 4 * S + 64)

@@ -150,14 +150,15 @@ def torchtitan_gemms(model: ModelSpec) -> list[tuple[int, int, bool]]:
 
 
 def op_selective_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float,
-                     tp: int, eager: bool = False) -> float:
+                     tp: int, eager: str | None = None) -> float:
     """Forward seconds one dense block runs again in backward under torchtitan's op-level selective checkpointing
     (``recompute: "selective"`` under the ``torch`` convention; ``_apply_ac_to_transformer_block``, torchtitan
     2024-12 to 2026): the output of every second ``mm`` in execution order is dropped (k, the output projection
     and ``w3`` of a Llama block) and recomputed, and so is everything that is not a matmul or attention (norms,
     rotary, the activation): the block's whole element-wise forward. Attention's output is kept. The memory side is
     :func:`memory.torch_selective_bytes`; an MoE block is priced as its dense part (docs/cost-model.md).
-    ``eager``: the element-wise ops run as eager kernels (:func:`~.compute.eager_extra_bytes`, forward)."""
+    ``eager``: the element-wise ops run as eager kernels (:func:`~.compute.eager_extra_bytes` in that mode,
+    forward)."""
     peak = compute.gemm_peak(gpu, precision)
     tok = b * seq
     c = compute.cal
@@ -166,6 +167,6 @@ def op_selective_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, prec
     h, ab = model.hidden_size, act_bytes(precision)
     elem = c.elementwise_passes * tok * h * ab * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
     elem += 2 * tok * model.ffn_hidden_size / tp * ab * model.mlp_matrices
-    if eager and precision != "fp32":
-        elem += eager_extra_bytes(model, tok, tp)[0]
+    if eager is not None and precision != "fp32":
+        elem += eager_extra_bytes(model, tok, tp, eager)[0]
     return gemm + elem / gpu.hbm_bandwidth + c.kernel_launch_s * c.kernels_per_block_fwd

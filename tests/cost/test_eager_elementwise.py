@@ -55,29 +55,36 @@ def test_eager_block_time_hand_computed(h100):
     cm = ComputeModel(None, DEFAULT_CALIBRATION.compute)
     tok, tp = 8192, 2
     f0, b0 = cm.analytic_block(m, gpu, "bf16", tok, 1.0, tp, 1, False)
-    f1, b1 = cm.analytic_block(m, gpu, "bf16", tok, 1.0, tp, 1, False, eager=True)
+    f1, b1 = cm.analytic_block(m, gpu, "bf16", tok, 1.0, tp, 1, False, eager="split")
     norm, rope = 2 * tok * 4096 / tp, tok * 40 * 128 / tp
     assert f1 - f0 == pytest.approx((67.7 * norm + 49.2 * rope) / gpu.hbm_bandwidth, rel=1e-9)
     assert b1 - b0 == pytest.approx((148.1 * norm + 44.2 * rope) / gpu.hbm_bandwidth, rel=1e-9)
-    assert cm.analytic_block(m, gpu, "fp32", tok, 1.0, tp, 1, False, eager=True) == \
+    assert cm.analytic_block(m, gpu, "fp32", tok, 1.0, tp, 1, False, eager="split") == \
         cm.analytic_block(m, gpu, "fp32", tok, 1.0, tp, 1, False)
     # torchtitan's op-level selective recomputation runs the element-wise forward again: eagerly, too
-    assert op_selective_fwd(cm, m, gpu, "bf16", tok, 1.0, tp, True) - op_selective_fwd(cm, m, gpu, "bf16", tok, 1.0,
-                                                                                        tp) == \
-        pytest.approx(f1 - f0, rel=1e-9)
+    assert op_selective_fwd(cm, m, gpu, "bf16", tok, 1.0, tp, "split") - \
+        op_selective_fwd(cm, m, gpu, "bf16", tok, 1.0, tp) == pytest.approx(f1 - f0, rel=1e-9)
+    # without sequence parallelism every tp rank normalises the whole sequence
+    fr, _ = cm.analytic_block(m, gpu, "bf16", tok, 1.0, tp, 1, False, eager="replicated")
+    assert fr - f0 == pytest.approx((67.7 * norm * tp + 49.2 * rope) / gpu.hbm_bandwidth, rel=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
 @given(name=st.sampled_from(["llama-3-8b", "GPT-3-1.3B", "DeepSeek-V3", "Qwen3-30B-A3B", "Mixtral-8x22B"]),
        tokens=st.integers(1, 1 << 17), tp=st.sampled_from([1, 2, 4, 8]))
-def test_eager_extra_is_nonnegative_and_linear_in_tokens(name, tokens, tp):
+def test_eager_extra_is_linear_in_tokens_and_replicated_norms_cost_more(name, tokens, tp):
     m = model_catalog().get(name)
-    f, b = eager_extra_bytes(m, tokens, tp)
-    f2, b2 = eager_extra_bytes(m, 2 * tokens, tp)
-    assert f >= 0 and b >= 0
+    f, b = eager_extra_bytes(m, tokens, tp, "split")
+    f2, b2 = eager_extra_bytes(m, 2 * tokens, tp, "split")
+    fr, br = eager_extra_bytes(m, tokens, tp, "replicated")
+    assert 0 <= f <= fr and 0 <= b <= br
     assert f2 == pytest.approx(2 * f) and b2 == pytest.approx(2 * b)
-    if m.position_embedding != "rope":  # norms only
-        assert f == pytest.approx(EAGER_NORM_BYTES[0] * 2 * tokens * m.hidden_size / tp)
+    if tp == 1:
+        assert (f, b) == (fr, br)
+    if m.bias:  # LayerNorm: eager nn.LayerNorm is one native kernel; only rotary embedding (if any) is extra
+        assert fr == f
+    if m.position_embedding != "rope":
+        assert f == pytest.approx(0.0 if m.bias else EAGER_NORM_BYTES[0] * 2 * tokens * m.hidden_size / tp)
 
 
 def _doc():
@@ -92,6 +99,17 @@ def test_an_eager_plan_is_slower_and_fused_spelled_out_changes_nothing(h100):
     assert fused.iteration_time_s == base.iteration_time_s
     assert eager.iteration_time_s > base.iteration_time_s
     assert eager.max_memory_bytes == base.max_memory_bytes  # a time term only
+
+
+def test_one_cost_model_prices_each_kernel_choice_apart(h100):
+    """Kernel choices key every cache above the stage's: one cost model pricing the same plan fused, eager and
+    with FlashAttention-2 in turn gives what a fresh cost model gives each (it once returned the fused time)."""
+    doc = _doc()
+    shared = CostModel(h100)
+    for extra in ({}, {"elementwise_kernels": "eager"}, {"attention_kernel": "flash2"},
+                  {"elementwise_kernels": "eager", "attention_kernel": "flash2"}, {}):
+        plan = Plan.model_validate(dict(doc, **extra))
+        assert shared.estimate(plan).iteration_time_s == CostModel(h100).estimate(plan).iteration_time_s, extra
 
 
 def test_the_field_is_version_2_and_checked():

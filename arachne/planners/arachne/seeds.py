@@ -100,16 +100,19 @@ def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, sta
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
 
 
-def lockstep_dp(ctx: PlanningContext, first: int, n: int, tp: int, stages: int) -> int:
-    """The data-parallel degree of a lock-step pipeline of ``stages`` x ``tp`` GPUs on a pool of ``n`` GPUs (its
-    first class ``first``): the most replicas that divide the batch and pack into the class's nodes (1: none)."""
-    node, gbs = ctx.classes[first].node_size, ctx.job.global_batch_size
-    return next((d for d in range(n // (stages * tp), 1, -1) if gbs % d == 0 and slot_fits_nodes(tp * d, node)), 1)
+def lockstep_dp(ctx: PlanningContext, cls: int, tp: int, stages: int) -> int:
+    """The data-parallel degree of a lock-step pipeline of ``stages`` x ``tp`` GPUs on device class ``cls``: the
+    most replicas that divide the batch and pack into the class's nodes (1: none). One class: placement takes
+    a slot's GPUs from one class, so a lock-step stage cannot span a type's node sizes."""
+    c, gbs = ctx.classes[cls], ctx.job.global_batch_size
+    return next((d for d in range(c.count // (stages * tp), 1, -1)
+                 if gbs % d == 0 and slot_fits_nodes(tp * d, c.node_size)), 1)
 
 
 def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
     """An MoE model's Megatron form built as one: per GPU type of ``subset``, one pipeline of ``stages`` stages of
-    ``tp`` GPUs whose stages are data parallel over as many replicas as divide the batch (and pack into nodes),
+    ``tp`` GPUs on the type's first class whose stages are data parallel over as many replicas as divide the
+    batch (and pack into nodes, :func:`lockstep_dp`),
     the experts parallel over the largest degree allowed: a depth that fits only with the experts sharded
     (DeepSeek-MoE-16B's 16 GB of weights on 32 GB parts at one stage) is built here, not at ep 1 and then
     converted (:func:`expert_parallel_forms` prices the smaller degrees). None for a dense model or where no
@@ -117,11 +120,11 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
     if not ctx.model.is_moe:
         return None
     groups = []
-    for first, n in pools(ctx, subset, tp):
-        dp = lockstep_dp(ctx, first, n, tp, stages)
+    for first, _ in pools(ctx, subset, tp):
+        dp = lockstep_dp(ctx, first, tp, stages)
         if dp > 1:
             ep = max(ep_options(ctx.model, dp))
-            groups.append(Group((Slot(first, tp, dp=dp, ep=ep, pool=n > ctx.classes[first].count),) * stages, 1))
+            groups.append(Group((Slot(first, tp, dp=dp, ep=ep),) * stages, 1))
     tpl = Template(tuple(groups))
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
 
@@ -248,14 +251,14 @@ def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict) -> list[int]:
 
 def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[Plan], bool],
                   cache: dict | None = None, deadline: Deadline | None = None,
-                  convert: Callable[[Plan], Plan | None] | None = None) -> list[Priced]:
+                  convert: Callable[[Plan], Plan | None] | None = None, lock_step: bool = True) -> list[Priced]:
     """``tpl`` at micro-batch size ``mbs``, without recomputation or (if nothing fits without) with it, the batch
     shared by the completion's rule and evenly on each placement, and evenly in Megatron's lock-step form
     (:func:`merged`; an MoE model's also at the expert-parallel degrees of :func:`expert_parallel_forms`), each
     with the gradient reduction overlapped where the rules allow (:func:`overlapped`): every one that fits.
     ``cache``: placements by template (see :func:`_placed`); no estimate once ``deadline`` expires. ``convert``:
     each plan is rewritten by it before it is priced (a proxy job's plan as the real job's, :mod:`.long_context`;
-    None: not a candidate)."""
+    None: not a candidate). ``lock_step`` False: not the lock-step forms (their template was priced already)."""
     cm = ctx.cost_model
     t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
     lays = _placed(t, ctx, {} if cache is None else cache)
@@ -274,10 +277,11 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
             plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
         # the lock-step form first (the framework's own structure; an MoE model's also with its experts
         # parallel over the replicas), then the even and rule shares
-        lock = merged(plans[0]) if plans[0] is not None else None
-        step = lock if lock is not None else plans[0]  # (a lock-step template's own plan is one pipeline)
-        forms = expert_parallel_forms(step, ctx) if step is not None else []
-        plans[0:0] = [lock] + [p for p in forms if p != step]
+        if lock_step:
+            lock = merged(plans[0]) if plans[0] is not None else None
+            step = lock if lock is not None else plans[0]  # (a lock-step template's own plan is one pipeline)
+            forms = expert_parallel_forms(step, ctx) if step is not None else []
+            plans[0:0] = [lock] + [p for p in forms if p != step]
         if convert is not None:
             plans = [convert(p) if p is not None else None for p in plans]
         out = []
@@ -326,7 +330,7 @@ def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: 
     routed = sum(model.block_expert_params(i) for i in range(model.num_layers))
 
     def need(first: int, n: int) -> float:  # an MoE model's routed experts over the largest ep allowed lock-step
-        ep = max(ep_options(model, lockstep_dp(ctx, first, n, tp, stages))) if routed else 1
+        ep = max(ep_options(model, lockstep_dp(ctx, first, tp, stages))) if routed else 1
         return (model.num_params - routed + routed / ep) * (w + g)
 
     return any(stages * tp * ctx.classes[first].gpu.memory_bytes >= need(first, n)
@@ -354,11 +358,13 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     out: list[Priced] = []
 
     def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
-        tpls = [lockstep_template(ctx, subset, tp, S), uniform_template(ctx, subset, tp, S)]
+        lock = lockstep_template(ctx, subset, tp, S)
+        tpls = [lock, uniform_template(ctx, subset, tp, S)]
         tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None
         found: list[Priced] = []
+        locked = False  # the lock-step template priced something: the uniform one's lock-step forms are those
         for tpl in tpls:
             if tpl is None or (legality is not None and not template_ok(tpl, legality)):
                 continue
@@ -367,7 +373,10 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 for mbs in seed_sizes(t, ctx, cache):
                     if deadline.expired():
                         break
-                    found += complete_seed(t, ctx, mbs, ok, cache, deadline, convert)
+                    got = complete_seed(t, ctx, mbs, ok, cache, deadline, convert,
+                                        lock_step=tpl is lock or not locked)
+                    found += got
+                    locked = locked or (tpl is lock and bool(got))
         return found
 
     shallowest: list[tuple[tuple[int, ...], int, int]] = []

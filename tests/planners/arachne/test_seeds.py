@@ -94,6 +94,19 @@ def test_an_moe_model_that_fits_only_with_its_experts_sharded_gets_the_lock_step
     assert seeds.lockstep_template(ctx_for(CLOUD), (0, 1), 1, 1) is None  # dense: the uniform forms only
 
 
+def test_a_lock_step_stage_stays_in_one_class_of_a_type_over_node_sizes():
+    """H100 in 2 nodes of 8 and 4 nodes of 4: a lock-step stage cannot span both (placement takes a slot from
+    one class), so its dp is what the first class holds (16, not 32) and it places."""
+    from arachne.planners.arachne.completion.place import placements
+
+    ctx = ctx_for([("H100", 2, 8, 50), ("H100", 4, 4, 50)], model="DeepSeek-MoE-16B", gbs=64, seq=2048)
+    (h100,) = seeds.class_subsets(ctx)
+    tpl = seeds.lockstep_template(ctx, h100, 1, 1)
+    assert tpl == Template((Group((Slot(0, 1, dp=16, ep=16),), 1),))
+    assert placements(tpl, ctx)
+    assert seeds.complete_seed(tpl, ctx, 16, lambda _p: True)
+
+
 def test_only_pipelines_of_one_shape_merge():
     """Lock-step groups of two types with different dp (8 and 4 replicas) do not merge: one micro-batch cannot
     be split evenly over 12 replicas as each group's own was; groups of the same dp and ep do."""
