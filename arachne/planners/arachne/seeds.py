@@ -251,14 +251,14 @@ def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict) -> list[int]:
 
 def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[Plan], bool],
                   cache: dict | None = None, deadline: Deadline | None = None,
-                  convert: Callable[[Plan], Plan | None] | None = None, lock_step: bool = True) -> list[Priced]:
+                  convert: Callable[[Plan], Plan | None] | None = None) -> list[Priced]:
     """``tpl`` at micro-batch size ``mbs``, without recomputation or (if nothing fits without) with it, the batch
     shared by the completion's rule and evenly on each placement, and evenly in Megatron's lock-step form
     (:func:`merged`; an MoE model's also at the expert-parallel degrees of :func:`expert_parallel_forms`), each
     with the gradient reduction overlapped where the rules allow (:func:`overlapped`): every one that fits.
     ``cache``: placements by template (see :func:`_placed`); no estimate once ``deadline`` expires. ``convert``:
     each plan is rewritten by it before it is priced (a proxy job's plan as the real job's, :mod:`.long_context`;
-    None: not a candidate). ``lock_step`` False: not the lock-step forms (their template was priced already)."""
+    None: not a candidate)."""
     cm = ctx.cost_model
     t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
     lays = _placed(t, ctx, {} if cache is None else cache)
@@ -277,11 +277,10 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
             plans.append(build_plan(t, ctx, mbs, recompute, lay, splits, counts))
         # the lock-step form first (the framework's own structure; an MoE model's also with its experts
         # parallel over the replicas), then the even and rule shares
-        if lock_step:
-            lock = merged(plans[0]) if plans[0] is not None else None
-            step = lock if lock is not None else plans[0]  # (a lock-step template's own plan is one pipeline)
-            forms = expert_parallel_forms(step, ctx) if step is not None else []
-            plans[0:0] = [lock] + [p for p in forms if p != step]
+        lock = merged(plans[0]) if plans[0] is not None else None
+        step = lock if lock is not None else plans[0]  # (a lock-step template's own plan is one pipeline)
+        forms = expert_parallel_forms(step, ctx) if step is not None else []
+        plans[0:0] = [lock] + [p for p in forms if p != step]
         if convert is not None:
             plans = [convert(p) if p is not None else None for p in plans]
         out = []
@@ -358,13 +357,12 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     out: list[Priced] = []
 
     def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
-        lock = lockstep_template(ctx, subset, tp, S)
-        tpls = [lock, uniform_template(ctx, subset, tp, S)]
+        # (the uniform template's merged form is priced too: over a type's node sizes its dp is the larger one)
+        tpls = [lockstep_template(ctx, subset, tp, S), uniform_template(ctx, subset, tp, S)]
         tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None
         found: list[Priced] = []
-        locked = False  # the lock-step template priced something: the uniform one's lock-step forms are those
         for tpl in tpls:
             if tpl is None or (legality is not None and not template_ok(tpl, legality)):
                 continue
@@ -373,10 +371,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 for mbs in seed_sizes(t, ctx, cache):
                     if deadline.expired():
                         break
-                    got = complete_seed(t, ctx, mbs, ok, cache, deadline, convert,
-                                        lock_step=tpl is lock or not locked)
-                    found += got
-                    locked = locked or (tpl is lock and bool(got))
+                    found += complete_seed(t, ctx, mbs, ok, cache, deadline, convert)
         return found
 
     shallowest: list[tuple[tuple[int, ...], int, int]] = []
