@@ -33,6 +33,10 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                              "the attention core vs published kernel measurements; check rows are those not read "
                              "into the constants",
                              "python -m benchmarks cost-model attention"),
+    "cost-model-elementwise": ("Eager element-wise ops",
+                               "the eager norms and rotary embedding term vs eager and compiled kernel measurements; "
+                               "check rows are those not read into the constants",
+                               "python -m benchmarks cost-model elementwise"),
     "cost-model-published": ("Published end-to-end runs",
                              "iteration time and memory vs published runs, each priced as its formats-v2 plan; runs "
                              "using a feature the model does not price reported apart; half held out",
