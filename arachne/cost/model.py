@@ -66,8 +66,8 @@ __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "Sta
 
 def eager_mode(plan, st: Stage) -> str | None:
     """The ``eager`` argument of :meth:`CostModel.layer_costs` for a stage of ``plan`` (:data:`~.compute.EAGER_MODES`):
-    None unless the plan says ``elementwise_kernels: eager``; then ``split`` with sequence parallelism or tp 1,
-    else ``replicated``. ``plan`` may be a Job (baselines price with one): fused."""
+    None unless the plan says ``elementwise_kernels: eager``; then ``split`` with sequence parallelism or tp 1, else
+    ``replicated``. ``plan`` may be a Job (baselines price with one): fused."""
     if getattr(plan, "elementwise_kernels", None) != "eager":
         return None
     return "split" if st.sequence_parallel or st.tp == 1 else "replicated"

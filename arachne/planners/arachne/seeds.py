@@ -111,11 +111,10 @@ def lockstep_dp(ctx: PlanningContext, cls: int, tp: int, stages: int) -> int:
 
 def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
     """An MoE model's Megatron form built as one: per GPU type of ``subset``, one pipeline of ``stages`` stages of
-    ``tp`` GPUs on the type's first class whose stages are data parallel over as many replicas as divide the
-    batch (and pack into nodes, :func:`lockstep_dp`),
-    the experts parallel over the largest degree allowed: a depth that fits only with the experts sharded
-    (DeepSeek-MoE-16B's 16 GB of weights on 32 GB parts at one stage) is built here, not at ep 1 and then
-    converted (:func:`expert_parallel_forms` prices the smaller degrees). None for a dense model or where no
+    ``tp`` GPUs on the type's first class whose stages are data parallel over as many replicas as divide the batch (and
+    pack into nodes, :func:`lockstep_dp`), the experts parallel over the largest degree allowed: a depth that fits only
+    with the experts sharded (DeepSeek-MoE-16B's 16 GB of weights on 32 GB parts at one stage) is built here, not at ep
+    1 and then converted (:func:`expert_parallel_forms` prices the smaller degrees). None for a dense model or where no
     type holds one."""
     if not ctx.model.is_moe:
         return None
