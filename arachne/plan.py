@@ -241,10 +241,21 @@ class Plan(_V1Dump):
     """v2 (optional, an arachne addition): how the blocks' element-wise ops (norms, rotary embedding) run.
     ``fused``: fused kernels (Transformer Engine, apex, ``torch.compile``); ``eager``: eager PyTorch, one kernel per
     op with fp32 upcasts (torchtitan without ``compile``). Unset: ``fused``. Priced for 16-bit activations."""
+    overlap_moe_comm: bool = False
+    """v2 (optional, an arachne addition), MoE models with ep > 1: the experts' all-to-alls of one micro-batch run
+    while another micro-batch computes (Megatron-Core's ``--overlap-moe-expert-parallel-comm`` with
+    ``--delay-wgrad-compute``: the steady 1F1B phase pairs a forward with a backward and interleaves them), so a
+    forward's dispatch and combine hide behind a backward's compute and the other way round."""
+    moe_kernels: Literal["grouped", "fused"] | None = None
+    """v2 (optional, an arachne addition), MoE models: how the routed-expert layer runs. ``grouped``: token
+    permutation, grouped expert GEMMs and separate activation and aggregation kernels (Megatron-Core's MoE layer);
+    ``fused``: IO-aware kernels that gather tokens inside the expert GEMMs and fuse the activation and the
+    aggregation (SonicMoE). Unset: ``grouped``. Dense models ignore it."""
     V2_DEFAULTS: ClassVar[dict[str, Any]] = {"overlap_grad_reduce": False, "overlap_param_gather": False,
                                              "framework": None, "grad_reduce_in_fp32": None, "fp8_params": False,
                                              "master_weights": None, "optimizer_state_dtype": None, "loss": None,
-                                             "attention_kernel": None, "elementwise_kernels": None}
+                                             "attention_kernel": None, "elementwise_kernels": None,
+                                             "overlap_moe_comm": False, "moe_kernels": None}
 
     @field_validator("format")
     @classmethod

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from arachne.spec.model import ModelSpec
 
 V2_PLAN_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "framework", "grad_reduce_in_fp32", "fp8_params",
-                "master_weights", "optimizer_state_dtype", "loss", "attention_kernel", "elementwise_kernels")
+                "master_weights", "optimizer_state_dtype", "loss", "attention_kernel", "elementwise_kernels",
+                "overlap_moe_comm", "moe_kernels")
 V2_PIPELINE_KEYS = ("virtual_stages",)
 V2_STAGE_KEYS = ("cp", "sequence_parallel", "recompute_layers", "etp", "recompute_modules")
 MEMORY_SETTINGS = ("recompute_modules", "fp8_params", "master_weights", "optimizer_state_dtype", "loss")
@@ -30,6 +31,7 @@ FEATURES = {  # v2_fields_used's feature names, as messages say them
     "fp8_params": "fp8 parameters", "master_weights": "no fp32 master weights",
     "optimizer_state_dtype": "16-bit optimizer state", "loss": "a fused cross-entropy",
     "attention_kernel": "a named attention kernel", "elementwise_kernels": "eager or fused element-wise kernels",
+    "overlap_moe_comm": "overlapped expert all-to-alls", "moe_kernels": "a named MoE layer implementation",
 }
 NEEDS_V2 = 'needs "format": "arachne-plan/2" (this plan says arachne-plan/1)'
 

@@ -159,6 +159,11 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "components" /
                    "elementwise.yaml")
     _out(p, R / "cost_model")
+    p = _add(g, "moe-layer", "benchmarks.moe_layer:run", "MoE layer vs whole-layer measurements by implementation")
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "components" /
+                   "moe_layer.yaml")
+    p.add_argument("--fit", action="store_true", help="print the anchor fit beside the frozen constants")
+    _out(p, R / "cost_model")
     p = _add(g, "published", "benchmarks.published:run", "vs published end-to-end runs (data/published_runs)")
     p.add_argument("--data", type=Path, default=None, help="runs file (default data/published_runs/runs.yaml)")
     _out(p, R / "cost_model")

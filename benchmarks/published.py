@@ -36,7 +36,7 @@ FEATURES = {
     "head_dim": "head width other than hidden / heads",
     "mla": "multi-head latent attention",
     "attention_variant": "sliding-window / sink attention: priced as full causal attention (unpriced)",
-    "ep_overlap": "all-to-all overlapped with computation across micro-batches (unpriced)",
+    "ep_overlap": "all-to-all overlapped with computation across micro-batches (plan field overlap_moe_comm)",
     "adjacent_routing": "a synthetic gate sending each token to k adjacent experts: a fraction of uniform top-k's "
                         "all-to-all bytes (unpriced)",
     "sequence_parallel": "sequence parallelism",
@@ -307,7 +307,7 @@ def needs(runs: RunsFile, rec: Record) -> list[str]:
     return sorted(out)
 
 
-UNPRICED = frozenset({"attention_variant", "ep_overlap", "adjacent_routing"})
+UNPRICED = frozenset({"attention_variant", "adjacent_routing"})
 """Features the cost model does not price: a record using one is reported apart (not a fair check)."""
 
 
@@ -432,6 +432,8 @@ def convert(runs: RunsFile, rec: Record) -> tuple[dict, dict, dict[str, Any]]:
         plan["fp8_params"] = True
     if p.elementwise_kernels is not None:
         plan["elementwise_kernels"] = p.elementwise_kernels
+    if "ep_overlap" in rec.extra_features:
+        plan["overlap_moe_comm"] = True
     if overlap:
         plan["overlap_grad_reduce"] = True
         if zero >= 1:

@@ -37,6 +37,11 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                                "the eager norms and rotary embedding term vs eager and compiled kernel measurements; "
                                "check rows are those not read into the constants",
                                "python -m benchmarks cost-model elementwise"),
+    "cost-model-moe-layer": ("MoE layer implementations",
+                             "one MoE layer (router, permutation, expert GEMMs, aggregation) vs SonicMoE's H100 "
+                             "measurements of Megatron-Core (class grouped) and SonicMoE (class fused); anchors: the "
+                             "7B and 30B panels, checks: the 1.4B and 120B panels",
+                             "python -m benchmarks cost-model moe-layer"),
     "cost-model-published": ("Published end-to-end runs",
                              "iteration time and memory vs published runs, each priced as its formats-v2 plan; runs "
                              "using a feature the model does not price reported apart; half held out",

@@ -26,6 +26,18 @@ MATMUL_EFFICIENCY: dict[tuple[str, str], float] = {
 }
 
 
+# Memory traffic of an MoE layer beyond its GEMMs (arachne/cost/moe_layer.py), per implementation class: passes
+# over the expert GEMMs' output elements and over the local experts' weights, forward then backward, at the
+# activation type's width. Fitted (``python -m benchmarks cost-model moe-layer --fit``) on whole-layer H100 bf16
+# measurements of Megatron-Core's MoE layer (grouped) and SonicMoE's (fused), the 7B and 30B panels of
+# SonicMoE's Figure 14 (data/components/moe_layer.yaml); its 1.4B and 120B panels check them. Component
+# measurements: no training run is fitted.
+MOE_LAYER_PASSES: dict[str, tuple[float, float, float, float]] = {
+    "grouped": (11.2, 3.6, 26.4, 5.6),
+    "fused": (1.7, 2.0, 2.3, 5.2),
+}
+
+
 @dataclass(frozen=True)
 class ComputeCalibration:
     """Achieved matmul throughput = peak * e * w / (w + w_half), w = FLOPs per GEMM; e is the measured

@@ -3,8 +3,8 @@
 The analytic model prices every GEMM of a block at ``peak * e * w / (w + w_half)`` (e: the measured
 maximum-achievable matmul efficiency of the GPU's generation; small GEMMs reach less of it), adds HBM
 traffic of the element-wise work (norms, activations, softmax over the score matrix when flash attention
-is not used) and kernel launches. Backward
-is twice the forward GEMM work. Constants: :mod:`arachne.cost.calibration`.
+is not used; an MoE layer's traffic by implementation, :mod:`arachne.cost.moe_layer`) and kernel launches.
+Backward is twice the forward GEMM work. Constants: :mod:`arachne.cost.calibration`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arachne.cost.calibration import MATMUL_EFFICIENCY, ComputeCalibration
+from arachne.cost.moe_layer import expert_gemms, moe_extra_bytes
 from arachne.profiles.format import ProfileDB
 from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
@@ -168,12 +169,12 @@ class ComputeModel:
 
     def analytic_block(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                        ep: int, moe: bool, etp: int | None = None, kernel: str | None = None,
-                       eager: str | None = None) -> tuple[float, float]:
+                       eager: str | None = None, moe_kernels: str | None = None) -> tuple[float, float]:
         """Forward and backward seconds of one block (TP communication excluded); ``etp``: the routed experts'
         own tensor parallelism (None: ``tp``), the stage's devices re-partitioned as ``ep x etp x edp``;
         ``kernel``: the attention kernel (:meth:`attention_core`); ``eager`` (:data:`EAGER_MODES`): 16-bit
         element-wise ops run as eager PyTorch kernels (:func:`eager_extra_bytes` on top; fp32's fitted count is
-        already unfused)."""
+        already unfused); ``moe_kernels``: the MoE layer's implementation (:data:`~.moe_layer.MOE_KERNELS`)."""
         c = self.cal
         peak = self.gemm_peak(gpu, precision)  # the Linear GEMMs (fp8 rate under fp8)
         core = self.gemm_peak(gpu, core_precision(precision))  # the router stays bf16 under fp8
@@ -186,25 +187,20 @@ class ComputeModel:
             gemm += self._gemm(2 * tokens * i * o / (tp if split else 1), peak)
         att_f, att_b = self.attention_core(model, gpu, precision, seq, b, tp, kernel)
         elem = c.elementwise_passes * tokens * h * ab * (c.replicated_fraction + (1 - c.replicated_fraction) / tp)
+        moe_f = moe_b = 0.0
         if moe:
-            k, E = model.experts_top_k, model.num_experts
-            if etp is None:
-                tok_e = tokens * k * ep / E
-                gemm += (E / ep) * mats * self._gemm(2 * tok_e * h * model.expert_ffn / tp, peak)
-            else:  # one expert's tokens over its edp = n/(ep etp) replicas; the stage's n devices hold n/tp x tokens
-                tok_e = tokens * k * ep * etp / (E * tp)
-                gemm += (E / ep) * mats * self._gemm(2 * tok_e * h * model.expert_ffn / etp, peak)
-            gemm += self._gemm(2 * tokens * h * E, core)  # router
+            gemm += expert_gemms(lambda f: self._gemm(f, peak), model, tokens, tp, ep, etp)
+            gemm += self._gemm(2 * tokens * h * model.num_experts, core)  # router
             if model.num_shared_experts:
                 width = model.shared_expert_ffn_hidden_size or model.expert_ffn * model.num_shared_experts
                 gemm += mats * self._gemm(2 * tokens * h * width / tp, peak)
-            elem += 4 * tokens * k * h * ab + 2 * tokens * k * model.expert_ffn / tp * ab * mats
+            moe_f, moe_b = moe_extra_bytes(model, tokens, tp, ep, etp, ab, moe_kernels)
         else:
             gemm += mats * self._gemm(2 * tokens * h * model.ffn_hidden_size / tp, peak)
             elem += 2 * tokens * model.ffn_hidden_size / tp * ab * mats
         launch = c.kernel_launch_s * c.kernels_per_block_fwd
-        fwd = gemm + att_f + elem / gpu.hbm_bandwidth + launch
-        bwd = c.bwd_over_fwd * gemm + att_b + 2 * elem / gpu.hbm_bandwidth + 2 * launch
+        fwd = gemm + att_f + (elem + moe_f) / gpu.hbm_bandwidth + launch
+        bwd = c.bwd_over_fwd * gemm + att_b + (2 * elem + moe_b) / gpu.hbm_bandwidth + 2 * launch
         if eager is not None and precision != "fp32":
             xf, xb = eager_extra_bytes(model, tokens, tp, eager)
             fwd, bwd = fwd + xf / gpu.hbm_bandwidth, bwd + xb / gpu.hbm_bandwidth
@@ -228,14 +224,15 @@ class ComputeModel:
 
     def _analytic(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                   ep: int, etp: int | None = None, kernel: str | None = None,
-                  eager: str | None = None) -> LayerCosts:
+                  eager: str | None = None, moe_kernels: str | None = None) -> LayerCosts:
         L = model.num_layers
         fwd = np.zeros(L + 1)
         bwd = np.zeros(L + 1)
         dense = moe = None
         for i in range(L):
             if model.moe_layers[i]:
-                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp, kernel, eager)
+                moe = moe or self.analytic_block(model, gpu, precision, seq, b, tp, ep, True, etp, kernel, eager,
+                                                 moe_kernels)
                 f, bw = moe
             else:
                 dense = dense or self.analytic_block(model, gpu, precision, seq, b, tp, ep, False, kernel=kernel,
@@ -277,11 +274,11 @@ class ComputeModel:
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                     ep: int = 1, tp_comm=None, etp: int | None = None, kernel: str | None = None,
-                    eager: str | None = None) -> LayerCosts:
+                    eager: str | None = None, moe_kernels: str | None = None) -> LayerCosts:
         """Per-layer costs; ``tp_comm(tp)`` gives one block's fwd TP traffic time for scaling profiles;
         ``kernel``, ``eager``: the attention kernel and eager element-wise ops of analytic blocks (profiles
-        measured their own)."""
-        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp, kernel, eager)
+        measured their own); ``moe_kernels``: the MoE layer's implementation."""
+        key = (model.key, gpu.name, precision, seq, b, tp, ep, etp, kernel, eager, moe_kernels)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -289,6 +286,6 @@ class ComputeModel:
         if not model.is_moe:
             costs = self._profiled(model, gpu, precision, seq, b, tp, tp_comm or (lambda t: 0.0))
         if costs is None:
-            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp, kernel, eager)
+            costs = self._analytic(model, gpu, precision, seq, b, tp, ep, etp, kernel, eager, moe_kernels)
         self._cache[key] = costs
         return costs

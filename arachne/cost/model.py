@@ -58,7 +58,8 @@ PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_para
                                                 "overlap_param_gather", "zero_stage", "fp8", "etp", "cp",
                                                 "framework", "grad_reduce_in_fp32", "recompute_modules",
                                                 "fp8_params", "master_weights", "optimizer_state_dtype", "loss",
-                                                "attention_kernel", "elementwise_kernels"})
+                                                "attention_kernel", "elementwise_kernels", "overlap_moe_comm",
+                                                "moe_kernels"})
 # plan_rules.v2_fields_used features this cost model prices
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
@@ -147,15 +148,17 @@ class CostModel(SyncMixin, PipelineMixin):
 
     def layer_costs(self, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                     ep: int = 1, etp: int | None = None, kernel: str | None = None,
-                    eager: str | None = None) -> LayerCosts:
+                    eager: str | None = None, moe_kernels: str | None = None) -> LayerCosts:
         """Per-layer times on one GPU type (what planners use as leaf costs); ``kernel``: the plan's
-        ``attention_kernel``; ``eager``: its ``elementwise_kernels`` is ``eager`` (:func:`eager_mode`)."""
+        ``attention_kernel``; ``eager``: its ``elementwise_kernels`` is ``eager`` (:func:`eager_mode`);
+        ``moe_kernels``: its MoE layer implementation."""
         h = model.hidden_size
 
         def tp_comm(t: int) -> float:
             return self.tp_block_time(gpu, t, b * seq * h * act_bytes(precision))
 
-        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp, kernel, eager)
+        return self.compute.layer_costs(model, gpu, precision, seq, b, tp, ep, tp_comm, etp, kernel, eager,
+                                        moe_kernels)
 
     def tp_block_time(self, gpu: GPUType, tp: int, nbytes: float) -> float:
         """Forward TP traffic of one block (two all-reduces) inside a node of ``gpu``."""
@@ -191,8 +194,10 @@ class CostModel(SyncMixin, PipelineMixin):
             (plan.framework or convention(plan.zero_stage)) == "torch"
         kern = getattr(plan, "attention_kernel", None)  # baselines price stages with a Job (the default kernel)
         eager = eager_mode(plan, st)
+        moe_k = getattr(plan, "moe_kernels", None)
+        hide_ep = getattr(plan, "overlap_moe_comm", False)
         key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
-               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern, eager)
+               mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern, eager, moe_k, hide_ep)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -209,7 +214,7 @@ class CostModel(SyncMixin, PipelineMixin):
         worst = None
         for g in groups:
             gpu = _slowest([devs[d].gpu for d in g], prec)
-            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager)
+            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager, moe_k)
             f, bw = lc.blocks(a, z)
             if first:
                 f += lc.emb_fwd
@@ -224,7 +229,7 @@ class CostModel(SyncMixin, PipelineMixin):
                 rec = lc.blocks(a, a + k)[0]
             elif mode == "selective" and mods is not None:  # the chosen modules (recompute.py)
                 rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
-                                  z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern))
+                                  z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern), moe_k)
             elif op_sel:
                 # (a profiled block measured its own kernels: no eager term on its recomputation either)
                 rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp,
@@ -268,8 +273,12 @@ class CostModel(SyncMixin, PipelineMixin):
                                                groups, groups.index(g), kern)
                 redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
                 cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
+            again = rec + (tp_b - tp_f) + (ep_b - ep_f)  # recomputation and its collectives
+            if hide_ep:  # a forward's all-to-alls under a backward's compute, and the other way round
+                ep_f, ep_b = max(0.0, ep_f - bw - tp_b), max(0.0, ep_b - f - tp_f)
+                again = min(again, rec + (tp_b - tp_f) + ep_b)
             fwd, bwd = f + tp_f + ep_f + cp_f, bw + tp_b + ep_b + cp_b
-            cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, rec + (tp_b - tp_f) + (ep_b - ep_f))
+            cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, again)
             if st.cp > 1:
                 cand = (*cand, 0.0, cp_f + cp_b)  # [8]: ZeRO-3's slot (pipeline.zero3_row), [9]: cp_comm
             if worst is None or fwd + bwd > worst[0] + worst[1]:
@@ -441,11 +450,12 @@ class CostModel(SyncMixin, PipelineMixin):
 
     @staticmethod
     def kernel_options(plan) -> tuple:
-        """The plan's kernel choices that set stage times (``attention_kernel``, ``elementwise_kernels``; empty
-        when unset): part of every cache key above the stage's own, which has them too. ``plan`` may be a Job
-        (baselines price with one): the default kernels."""
-        opts = (getattr(plan, "attention_kernel", None), getattr(plan, "elementwise_kernels", None))
-        return () if opts == (None, None) else opts
+        """The plan's kernel choices that set stage times (``attention_kernel``, ``elementwise_kernels``,
+        ``moe_kernels``; empty when unset): part of every cache key above the stage's own, which has them too.
+        ``plan`` may be a Job (baselines price with one): the default kernels."""
+        opts = (getattr(plan, "attention_kernel", None), getattr(plan, "elementwise_kernels", None),
+                getattr(plan, "moe_kernels", None), getattr(plan, "overlap_moe_comm", False))
+        return () if opts == (None, None, None, False) else opts
 
     def _pipeline_signature(self, p) -> tuple:
         """A pipeline's shape with its nodes renamed by first use: equal signatures price equally

@@ -7,6 +7,7 @@ ignored: docs/cost-model.md, "Recomputed modules"."""
 from __future__ import annotations
 
 from arachne.cost.compute import ComputeModel, act_bytes, core_precision, eager_extra_bytes
+from arachne.cost.moe_layer import expert_gemms, moe_extra_bytes
 from arachne.spec.gpus import GPUType
 from arachne.spec.model import ModelSpec
 
@@ -73,9 +74,10 @@ def dropped_bytes(model: ModelSpec, index: int, seq: int, b: float, tp: int, pre
 
 def modules_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int, b: float, tp: int,
                 ep: int, etp: int | None, sp: bool, modules: tuple[str, ...], a: int, z: int,
-                attention_core_fwd: float) -> float:
+                attention_core_fwd: float, moe_kernels: str | None = None) -> float:
     """Forward seconds of recomputing ``modules`` in blocks ``[a, z)`` (the terms of
-    :meth:`ComputeModel.analytic_block` for those parts; collectives are added by the caller).
+    :meth:`ComputeModel.analytic_block` for those parts, ``moe_kernels`` the MoE layer's implementation;
+    collectives are added by the caller).
 
     ``core_attn``: the attention core (``attention_core_fwd`` per block). ``layernorm``: each separate norm reads
     and writes ``h`` per token. ``moe_act``: the activation reads its input and writes the fc2 input. ``mla_up_proj``:
@@ -99,10 +101,10 @@ def modules_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision
         t += up
         if moe:
             k = model.experts_top_k
-            if "moe" in mods:  # the experts, the router (bf16 under fp8) and the permutations
-                t += _expert_gemms(compute, model, tok, tp, ep, etp, peak) + 4 * tok * k * h * ab / hbm
+            if "moe" in mods:  # the experts, the router (bf16 under fp8) and the layer's traffic (moe_layer.py)
+                t += expert_gemms(lambda f: compute._gemm(f, peak), model, tok, tp, ep, etp)
+                t += moe_extra_bytes(model, tok, tp, ep, etp, ab, moe_kernels)[0] / hbm
                 t += compute._gemm(2 * tok * h * model.num_experts, compute.gemm_peak(gpu, core_precision(precision)))
-                t += 2 * tok * k * model.expert_ffn / tp * ab * mats / hbm
             elif "moe_act" in mods:
                 t += tok * k * model.expert_ffn * mats * ab / tp / hbm + launch
             if ("moe" in mods or "shared_experts" in mods) and model.num_shared_experts:
@@ -112,17 +114,6 @@ def modules_fwd(compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision
             t += 2 * tok * model.ffn_hidden_size / tp * ab * mats / hbm
         total += t
     return total
-
-
-def _expert_gemms(compute: ComputeModel, model: ModelSpec, tok: float, tp: int, ep: int, etp: int | None,
-                  peak: float) -> float:
-    """The routed experts' GEMMs of one MoE block (as :meth:`ComputeModel.analytic_block` prices them)."""
-    k, E, h, mats = model.experts_top_k, model.num_experts, model.hidden_size, model.mlp_matrices
-    if etp is None:
-        tok_e = tok * k * ep / E
-        return (E / ep) * mats * compute._gemm(2 * tok_e * h * model.expert_ffn / tp, peak)
-    tok_e = tok * k * ep * etp / (E * tp)
-    return (E / ep) * mats * compute._gemm(2 * tok_e * h * model.expert_ffn / etp, peak)
 
 
 def recomputed_collectives(model: ModelSpec, modules: tuple[str, ...], a: int, z: int) -> tuple[int, int]:

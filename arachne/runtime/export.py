@@ -159,6 +159,8 @@ def _megatron_v2_reasons(plan: Plan, ref) -> list[str]:
         why.append("partial recomputation with interleaving (Megatron counts it per chunk)")
     if plan.framework == "torch":
         why.append("framework torch (a plan for plain PyTorch modules)")
+    if plan.moe_kernels not in (None, "grouped"):
+        why.append(f"moe_kernels {plan.moe_kernels} (Megatron-Core's MoE layer is the grouped kind)")
     return why
 
 
@@ -177,6 +179,8 @@ def _megatron_v2_args(plan: Plan, ref, model: ModelSpec) -> list[str]:
         a += ["--overlap-grad-reduce"]
     if plan.overlap_param_gather:
         a += ["--overlap-param-gather"]
+    if plan.overlap_moe_comm and model.is_moe:
+        a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if plan.grad_reduce_in_fp32 is False:
         a += ["--grad-reduce-in-bf16"]
     if plan.precision == "fp8":

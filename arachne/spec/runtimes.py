@@ -51,6 +51,11 @@ class RuntimePreset:
     """Which of the plan's optional memory settings (``plan_rules.MEMORY_SETTINGS``: ``recompute_modules``,
     ``fp8_params``, ``master_weights``, ``optimizer_state_dtype``, ``loss``) the framework executes; a plan that
     sets another is refused, naming the field. With ``one_tp_dp`` a stage setting is one value for the model."""
+    moe_comm_overlap: bool = False
+    """The framework can overlap the experts' all-to-alls of one micro-batch with another's compute (the plan's
+    ``overlap_moe_comm``)."""
+    moe_kernels: tuple[str, ...] = ("grouped",)
+    """The MoE layer implementations the framework runs (the plan's ``moe_kernels``; unset reads ``grouped``)."""
     notes: tuple[str, ...] = field(default=())
     """What the preset leaves out, one sentence each."""
 
@@ -71,7 +76,10 @@ RUNTIMES: dict[str, RuntimePreset] = {
         Constraints(zero_stages=(0, 1), one_micro_batch_size=True),
         one_structure=True, equal_pipelines_work=True, one_tp_dp=True, megatron_split=True,
         memory_settings=("recompute_modules", "fp8_params", "optimizer_state_dtype", "loss"),
+        moe_comm_overlap=True,
         notes=("ZeRO-1 is the distributed optimizer; Megatron's own FSDP is left out",
+               "overlap_moe_comm is --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (what "
+               "Megatron-Bridge v0.3.0's moe_a2a_overlap sets, scripts/performance/utils/overrides.py)",
                "one pipeline structure, tp, dp and micro-batch size for all replicas")),
     "torchtitan": RuntimePreset(
         "torchtitan", "torchtitan (PyTorch FSDP2 + TP + PP + CP, 2025 releases)",
@@ -170,6 +178,10 @@ def legality_errors(plan: Plan, legality: Legality, cluster: Cluster | None = No
         if bad is not None:
             errs.append((f"pipelines[{bad[0]}].stages[{bad[1]}].etp", f"expert tp differs from tp; {who} runs the "
                                                                       "experts at the stage's tp"))
+    if plan.overlap_moe_comm and not r.moe_comm_overlap:
+        errs.append(("overlap_moe_comm", f"overlapped expert all-to-alls; {who} does not execute them"))
+    if (plan.moe_kernels or "grouped") not in r.moe_kernels:
+        errs.append(("moe_kernels", f"{plan.moe_kernels}; {who} runs the {' or '.join(r.moe_kernels)} MoE layer"))
     errs += _memory_settings_errors(plan, r, who)
     if r.pipeline_max_zero is not None and plan.zero_stage > r.pipeline_max_zero \
             and any(len(p.stages) > 1 for p in pipes):

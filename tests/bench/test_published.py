@@ -87,7 +87,10 @@ def test_needs_follows_the_configuration(runs):
     rec = by_id["modelzoo-qwen3-235b-ep32-pp8"]
     assert {"ep_beyond_dp", "etp", "head_dim", "interleaved", "selective_recompute"} <= set(pub.needs(runs, rec))
     assert pub.unpriced(runs, rec) == []
-    assert pub.unpriced(runs, by_id["modelzoo-qwen3-235b-ep32-pp8-overlap"]) == ["ep_overlap"]
+    over = by_id["modelzoo-qwen3-235b-ep32-pp8-overlap"]
+    assert "ep_overlap" in pub.needs(runs, over) and pub.unpriced(runs, over) == []  # the plan's overlap_moe_comm
+    assert pub.convert(runs, over)[1]["overlap_moe_comm"] is True
+    assert "overlap_moe_comm" not in pub.convert(runs, rec)[1]
 
 
 def test_the_plan_carries_the_runs_configuration(runs):

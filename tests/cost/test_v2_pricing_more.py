@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arachne.cost import CostModel
-from arachne.cost.calibration import DEFAULT_CALIBRATION
+from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_LAYER_PASSES
 from arachne.cost.compute import ComputeModel
 from arachne.cost.features import (
     TE_AMAX_HISTORY_LEN,
@@ -185,8 +185,9 @@ def test_etp_memory_hand_computed(h100):
 
 
 def test_etp_block_time_hand_computed(h100):
-    """Only the routed experts' GEMMs change: E/ep local experts, each with tokens*k*ep*etp/(E*tp) tokens,
-    width ffn/etp (the same FLOPs per device, other GEMM shapes)."""
+    """Only the routed experts change: E/ep local experts, each with tokens*k*ep*etp/(E*tp) tokens, width
+    ffn/etp (the same FLOPs per device, other GEMM shapes), and the MoE layer's traffic over those outputs and
+    weights (MOE_LAYER_PASSES, grouped)."""
     cm = ComputeModel(None, DEFAULT_CALIBRATION.compute)
     m = CostModel(h100).resolve_model(Plan.model_validate(_moe_doc(1)))
     gpu = h100.devices["h100-0:0"].gpu
@@ -198,6 +199,11 @@ def test_etp_block_time_hand_computed(h100):
     tokens = b * seq
     old = (E / ep) * m.mlp_matrices * cm._gemm(2 * tokens * k * ep / E * h * ffn / tp, peak)
     new = (E / ep) * m.mlp_matrices * cm._gemm(2 * tokens * k * ep * 1 / (E * tp) * h * ffn / 1, peak)
+    out_f, w_f = MOE_LAYER_PASSES["grouped"][:2]
+    mats = m.mlp_matrices
+    bw = gpu.hbm_bandwidth
+    old += (out_f * tokens * k * ((mats - 1) * ffn / tp + h) + w_f * (E / ep) * mats * h * ffn / tp) * 2 / bw
+    new += (out_f * tokens * k / tp * ((mats - 1) * ffn + h) + w_f * (E / ep) * mats * h * ffn) * 2 / bw
     assert f1 - f0 == pytest.approx(new - old, rel=1e-9, abs=1e-12)
 
 
