@@ -55,6 +55,8 @@ SEED_DEPTHS = 2
 """Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`."""
 SEED_SIZES = 3
 """Micro-batch sizes per template (:func:`seed_sizes`)."""
+MIXED_LOCKSTEP_DEGREES = 2
+"""Data-parallel degrees of the mixed lock-step pipeline tried per (class subset, tp): the largest that work."""
 SEED_TOP = 2
 """The fastest seeds given the knobs."""
 SEED_ESTIMATES = 30
@@ -126,6 +128,32 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
             groups.append(Group((Slot(first, tp, dp=dp, ep=ep),) * stages, 1))
     tpl = Template(tuple(groups))
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
+
+
+def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int,
+                             count: int = MIXED_LOCKSTEP_DEGREES) -> list[Template]:
+    """An MoE model's Megatron form over every GPU type of ``subset`` at once (what ``megatron-oblivious`` runs):
+    one pipeline whose stages are data parallel over ``d`` replicas of ``tp`` GPUs, each type serving
+    ``GPUs // (tp d)`` consecutive stages on its first class (the fastest types first), the experts parallel over
+    the largest degree allowed; ``d`` the ``count`` largest that divide the batch, pack into every type's nodes
+    and leave every type at least one stage, at most one stage per layer. Empty for a dense model or one type."""
+    pl = pools(ctx, subset, tp)
+    if not ctx.model.is_moe or len(pl) < 2:
+        return []
+    gbs, L, out = ctx.job.global_batch_size, ctx.model.num_layers, []
+    for d in range(min(n for _, n in pl) // tp, 1, -1):
+        if len(out) == count:
+            break
+        if gbs % d or not all(slot_fits_nodes(tp * d, ctx.classes[first].node_size) for first, _ in pl):
+            continue
+        stages = [(first, n // (tp * d)) for first, n in pl]
+        if sum(k for _, k in stages) > L:
+            break  # smaller degrees only deepen it
+        ep = max(ep_options(ctx.model, d))
+        tpl = Template((Group(tuple(Slot(first, tp, dp=d, ep=ep) for first, k in stages for _ in range(k)), 1),))
+        if tpl.fits_counts(ctx.classes):
+            out.append(tpl)
+    return out
 
 
 def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
@@ -361,6 +389,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None
+        return complete_all(tpls)
+
+    def complete_all(tpls: list[Template | None]) -> list[Priced]:
         found: list[Priced] = []
         for tpl in tpls:
             if tpl is None or (legality is not None and not template_ok(tpl, legality)):
@@ -379,6 +410,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         # tp ascending (the fewest collectives first); with cp (``multiple``) descending: at long sequences the
         # widest groups are the likeliest to fit, and each depth that does not costs a completion
         for tp in sorted(tp_options(ctx.model, node), key=lambda t: (t not in (tps or ()), -t if multiple > 1 else t)):
+            if not deadline.expired():  # its depth is the types' GPUs over tp d, not a depth of the loop below
+                out += complete_all(mixed_lockstep_templates(ctx, subset, tp))
             for S in STAGE_COUNTS:
                 if S > L or deadline.expired():
                     break

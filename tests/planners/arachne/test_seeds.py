@@ -177,3 +177,22 @@ def test_a_type_over_node_sizes_is_one_pool_and_the_next_depth_fills_it():
     assert tpl.fits_counts(ctx.classes)
     assert seeds.next_depth(ctx, h200, 1, 10) == 14
     assert not seeds.holds_state(ctx, h200, 1, 1)  # 70B of weights and gradients: never one GPU per pipeline
+
+
+def test_an_moe_lock_step_pipeline_spans_the_gpu_types_as_megatron_oblivious_runs_it():
+    """The grid's h200-h100-128 case (48 H200 + 80 H100, Mixtral-8x7B): one pipeline of stages data parallel over
+    16 GPUs each, 3 on H200 then 5 on H100 (the plan of megatron-oblivious, 1.16x what the per-type lock-step
+    pipelines reach under the MoE layer's measured traffic); the degrees tried are the largest that divide the
+    batch and leave each type a stage, and a dense model or a single type gets none."""
+    groups = [("H200", 6, 8, 50.0), ("H100", 10, 8, 50.0)]
+    ctx = ctx_for(groups, model="Mixtral-8x7B", gbs=512, seq=4096)
+    every = seeds.class_subsets(ctx)[0]
+    tpls = seeds.mixed_lockstep_templates(ctx, every, 1)
+    h200, h100 = (next(c.index for c in ctx.classes if c.gpu.name.startswith(n)) for n in ("H200", "H100"))
+    assert [t.groups[0].slots for t in tpls] == [
+        (Slot(h200, 1, dp=32, ep=8),) + (Slot(h100, 1, dp=32, ep=8),) * 2,
+        (Slot(h200, 1, dp=16, ep=8),) * 3 + (Slot(h100, 1, dp=16, ep=8),) * 5]
+    assert all(len(t.groups) == 1 and t.groups[0].replicas == 1 for t in tpls)
+    assert seeds.complete_seed(tpls[1], ctx, 16, lambda _p: True)
+    assert seeds.mixed_lockstep_templates(ctx_for(groups, gbs=512, seq=4096), every, 1) == []
+    assert seeds.mixed_lockstep_templates(ctx, seeds.class_subsets(ctx)[1], 1) == []
