@@ -38,6 +38,13 @@ MOE_LAYER_PASSES: dict[str, tuple[float, float, float, float]] = {
 }
 
 
+# While a micro-batch's expert all-to-alls overlap another's compute (a plan's ``overlap_moe_comm``), the
+# dispatcher's kernels hold SMs the GEMMs then lack: Megatron-Core gives DeepEP 20 SMs by default
+# (``moe_deepep_num_sms``, TransformerConfig; HybridEP 16) of an H100's 132, so the overlapped compute runs at
+# 112/132 of its rate. A framework default and a GPU's SM count, not a fit.
+MOE_OVERLAP_SM_SHARE: float = 20 / 132
+
+
 @dataclass(frozen=True)
 class ComputeCalibration:
     """Achieved matmul throughput = peak * e * w / (w + w_half), w = FLOPs per GEMM; e is the measured

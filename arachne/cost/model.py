@@ -13,7 +13,7 @@ import math
 from functools import lru_cache
 from typing import Self
 
-from arachne.cost.calibration import DEFAULT_CALIBRATION, Calibration
+from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_OVERLAP_SM_SHARE, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
 from arachne.cost.estimate import Estimate, StageEstimate
 from arachne.cost.features import (
@@ -274,8 +274,11 @@ class CostModel(SyncMixin, PipelineMixin):
                 redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
                 cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
             again = rec + (tp_b - tp_f) + (ep_b - ep_f)  # recomputation and its collectives
-            if hide_ep:  # a forward's all-to-alls under a backward's compute, and the other way round
-                ep_f, ep_b = max(0.0, ep_f - bw - tp_b), max(0.0, ep_b - f - tp_f)
+            if hide_ep:  # a forward's all-to-alls under a backward's compute, and the other way round; the
+                # compute under them runs without the dispatcher's SMs (MOE_OVERLAP_SM_SHARE)
+                slow = MOE_OVERLAP_SM_SHARE / (1 - MOE_OVERLAP_SM_SHARE)
+                hid_f, hid_b = min(ep_f, bw + tp_b), min(ep_b, f + tp_f)
+                ep_f, ep_b = ep_f - hid_f * (1 - slow), ep_b - hid_b * (1 - slow)
                 again = min(again, rec + (tp_b - tp_f) + ep_b)
             fwd, bwd = f + tp_f + ep_f + cp_f, bw + tp_b + ep_b + cp_b
             cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, again)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arachne.cost import CostModel
-from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_LAYER_PASSES
+from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_LAYER_PASSES, MOE_OVERLAP_SM_SHARE
 from arachne.cost.compute import ComputeModel
 from arachne.cost.moe_layer import MOE_KERNELS, moe_extra_bytes
 from arachne.errors import InputError
@@ -97,13 +97,17 @@ def test_the_plan_field_is_version_2_checked_and_priced_apart(h100):
 
 
 def test_overlap_hides_the_all_to_alls_behind_the_other_pass(h100):
-    """Each stage's forward all-to-alls shrink by its backward compute and the other way round, never below
-    zero: ep_comm falls, compute stays."""
+    """Each stage's forward all-to-alls hide under its backward compute and the other way round (the compute
+    under them slowed by the dispatcher's SMs), never below zero: ep_comm falls, compute stays."""
     doc = _doc()
     plain = CostModel(h100).estimate(Plan.model_validate(doc))
     over = CostModel(h100).estimate(Plan.model_validate(dict(doc, overlap_moe_comm=True)))
     assert plain.breakdown["ep_comm_s"] > 0
     assert 0 <= over.breakdown["ep_comm_s"] < plain.breakdown["ep_comm_s"]
+    # here every all-to-all is shorter than the other pass's compute: what stays is that compute slowed by the
+    # dispatcher's SMs over the all-to-all's length
+    share = MOE_OVERLAP_SM_SHARE / (1 - MOE_OVERLAP_SM_SHARE)
+    assert over.breakdown["ep_comm_s"] == pytest.approx(share * plain.breakdown["ep_comm_s"], rel=1e-9)
     assert over.breakdown["compute_s"] == pytest.approx(plain.breakdown["compute_s"], rel=1e-12)
     for a, b in zip(plain.stages, over.stages):
         assert b.fwd_s <= a.fwd_s and b.bwd_s <= a.bwd_s
