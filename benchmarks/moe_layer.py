@@ -35,7 +35,7 @@ def _spec(r: dict):
 def layer_parts(r: dict) -> dict[str, float]:
     """A row's GEMM seconds (forward; backward twice) and its two traffic features (seconds per pass)."""
     from arachne.cost import CostModel
-    from arachne.cost.moe_layer import expert_gemms, moe_extra_bytes
+    from arachne.cost.moe_layer import expert_gemms, traffic_elements
     from arachne.spec.cluster import cluster_from_dict
 
     cm = CostModel(cluster_from_dict({"nodes": [{"name": "n0", "gpu": "H100-SXM5-80GB", "count": 1}]}, "bench"))
@@ -45,10 +45,8 @@ def layer_parts(r: dict) -> dict[str, float]:
     spec = _spec(r)
     gemm = expert_gemms(lambda f: comp._gemm(f, peak), spec, r["T"], 1, 1, None) \
         + comp._gemm(2 * r["T"] * r["d"] * r["E"], peak)
-    bw = gpu.hbm_bandwidth
-    k, n, d = r["K"], r["n"], r["d"]
-    return {"gemm_s": gemm, "out_s": r["T"] * k * (2 * n + d) * 2 / bw, "w_s": r["E"] * 3 * d * n * 2 / bw,
-            "check": moe_extra_bytes(spec, r["T"], 1, 1, None, 2)}
+    outputs, weights = traffic_elements(spec, r["T"], 1, 1, None)  # bf16: two bytes each
+    return {"gemm_s": gemm, "out_s": outputs * 2 / gpu.hbm_bandwidth, "w_s": weights * 2 / gpu.hbm_bandwidth}
 
 
 def fit(rows: list[dict]) -> dict[str, tuple[float, float, float, float]]:

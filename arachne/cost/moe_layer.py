@@ -44,14 +44,19 @@ def expert_gemms(gemm: Callable[[float], float], model: ModelSpec, tokens: float
     return local * model.mlp_matrices * gemm(2 * tok_e * model.hidden_size * width)
 
 
+def traffic_elements(model: ModelSpec, tokens: float, tp: int, ep: int, etp: int | None) -> tuple[float, float]:
+    """(expert GEMM output elements, local expert weight elements) of one MoE block on one GPU: what one pass of
+    each part of :data:`MOE_LAYER_PASSES` reads or writes."""
+    tok_e, local, width = expert_shape(model, tokens, tp, ep, etp)
+    mats, h = model.mlp_matrices, model.hidden_size
+    return tok_e * local * ((mats - 1) * width + h), local * mats * h * width
+
+
 def moe_extra_bytes(model: ModelSpec, tokens: float, tp: int, ep: int, etp: int | None, act_bytes: int,
                     kernels: str | None = None) -> tuple[float, float]:
     """(forward, backward) HBM bytes one MoE block moves beyond its GEMMs with the ``kernels`` implementation
     (:data:`MOE_KERNELS`; None: ``grouped``): :data:`MOE_LAYER_PASSES` over the expert GEMMs' output elements and
-    over the local experts' weights."""
+    over the local experts' weights (:func:`traffic_elements`)."""
     out_f, w_f, out_b, w_b = MOE_LAYER_PASSES[kernels or "grouped"]
-    tok_e, local, width = expert_shape(model, tokens, tp, ep, etp)
-    mats, h = model.mlp_matrices, model.hidden_size
-    outputs = tok_e * local * ((mats - 1) * width + h) * act_bytes
-    weights = local * mats * h * width * act_bytes
+    outputs, weights = (x * act_bytes for x in traffic_elements(model, tokens, tp, ep, etp))
     return out_f * outputs + w_f * weights, out_b * outputs + w_b * weights
