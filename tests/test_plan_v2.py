@@ -333,3 +333,18 @@ def test_same_math_plan_keeps_structure_and_drops_only_what_leaves_the_values_al
     inter = load_plan(V2 / "interleaved-sp-selective.json")
     with pytest.raises(InputError, match="virtual_stages"):
         refuse_v2(same_math_plan(inter)[0], inter.resolve_model(), "p", "arachne run")
+
+
+@pytest.mark.parametrize("top", [{"overlap_grad_reduce": True}, {"framework": "torch"}, {"grad_reduce_in_fp32": True},
+                                 {"fp8_params": True}, {"master_weights": "fp32"}, {"optimizer_state_dtype": "bf16"},
+                                 {"loss": "fused"}, {"attention_kernel": "cudnn"}, {"elementwise_kernels": "eager"},
+                                 {"overlap_moe_comm": True}, {"moe_kernels": "grouped"}])
+def test_the_fast_version_2_test_agrees_with_the_fields_it_names(top):
+    """``uses_v2`` (the cost model's and the planners' fast test) is true exactly when ``v2_fields_used`` names
+    a field: every optional plan key of version 2 makes a plan version 2."""
+    from arachne.plan_rules import V2_PLAN_KEYS
+
+    assert set(top) <= set(V2_PLAN_KEYS)
+    plan = plan_from_dict(dict(_v1_on_h100(), **top))
+    assert uses_v2(plan) and v2_fields_used(plan) and plan.written_format == "arachne-plan/2"
+    assert not uses_v2(plan_from_dict(_v1_on_h100()))

@@ -116,11 +116,26 @@ def _cached(fwd, bwd, send_fwd, send_bwd, m, schedule) -> float:
     return simulate(fwd, bwd, send_fwd, send_bwd, m, schedule)
 
 
-def in_flight(stage: int, num_stages: int, m: int, schedule: str) -> int:
-    """Micro-batches whose activations a stage holds at its peak."""
+def paired(model, plan) -> bool:
+    """Whether ``plan`` pairs micro-batches' forwards and backwards to hide an MoE model's expert all-to-alls
+    (``overlap_moe_comm``; on a dense model the flag pairs nothing)."""
+    return bool(getattr(plan, "overlap_moe_comm", False)) and model.is_moe
+
+
+def in_flight(stage: int, num_stages: int, m: int, schedule: str, paired: bool = False, blocks: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at its peak. ``paired``: forwards and backwards of different
+    micro-batches run together (a plan's ``overlap_moe_comm``, Megatron-Core's combined 1F1B): with pipelining
+    the warm-up runs one more forward (one more micro-batch at the peak); without, micro-batch i's forward runs
+    block by block beside micro-batch i-1's backward, which frees a block as the forward fills one, so the peak
+    is one micro-batch and one block of ``blocks``."""
     if schedule == "gpipe":
         return m
-    return min(num_stages - stage, m)
+    n = min(num_stages - stage, m)
+    if not paired or m < 2:
+        return n
+    if num_stages == 1:
+        return 1 + 1 / max(1, blocks)
+    return min(n + 1, m)
 
 
 # ---- interleaved 1F1B (Megatron's virtual pipeline) ---------------------------------------------
@@ -233,12 +248,13 @@ def _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m) -> float:
     return simulate_interleaved(fwd, bwd, send_fwd, send_bwd, m)
 
 
-def interleaved_in_flight(stage: int, num_stages: int, v: int, m: int) -> tuple[int, ...]:
+def interleaved_in_flight(stage: int, num_stages: int, v: int, m: int, paired: bool = False) -> tuple[int, ...]:
     """Per chunk, the micro-batches whose activations stage ``stage`` holds at its peak (the end of its
     warm-up plus the first steady forward: ``(S - s - 1) * 2 + (v - 1) * S + 1`` chunk forwards, as
-    Megatron's interleaved schedule runs them; the first stage holds the most)."""
+    Megatron's interleaved schedule runs them; the first stage holds the most). ``paired`` (the plan's
+    ``overlap_moe_comm``): Megatron-Core's combined 1F1B warms up with one more chunk forward."""
     ops = interleaved_ops(num_stages, v, m)[stage]
-    w = min((num_stages - stage - 1) * 2 + (v - 1) * num_stages + 1, m * v)
+    w = min((num_stages - stage - 1) * 2 + (v - 1) * num_stages + 1 + (1 if paired else 0), m * v)
     counts = [0] * v
     for kind, c, _ in ops[: 2 * w]:
         if kind == FWD and sum(counts) < w:

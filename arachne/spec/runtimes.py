@@ -79,7 +79,8 @@ RUNTIMES: dict[str, RuntimePreset] = {
         moe_comm_overlap=True,
         notes=("ZeRO-1 is the distributed optimizer; Megatron's own FSDP is left out",
                "overlap_moe_comm is --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (what "
-               "Megatron-Bridge v0.3.0's moe_a2a_overlap sets, scripts/performance/utils/overrides.py)",
+               "Megatron-Bridge v0.3.0's moe_a2a_overlap sets, scripts/performance/utils/overrides.py); it needs "
+               "ep > 1, an interleaved pipeline when pp > 1 and no full recomputation (moe_overlap_errors)",
                "one pipeline structure, tp, dp and micro-batch size for all replicas")),
     "torchtitan": RuntimePreset(
         "torchtitan", "torchtitan (PyTorch FSDP2 + TP + PP + CP, 2025 releases)",
@@ -180,6 +181,8 @@ def legality_errors(plan: Plan, legality: Legality, cluster: Cluster | None = No
                                                                       "experts at the stage's tp"))
     if plan.overlap_moe_comm and not r.moe_comm_overlap:
         errs.append(("overlap_moe_comm", f"overlapped expert all-to-alls; {who} does not execute them"))
+    elif plan.overlap_moe_comm:
+        errs += moe_overlap_errors(plan, who)
     if (plan.moe_kernels or "grouped") not in r.moe_kernels:
         errs.append(("moe_kernels", f"{plan.moe_kernels}; {who} runs the {' or '.join(r.moe_kernels)} MoE layer"))
     errs += _memory_settings_errors(plan, r, who)
@@ -187,6 +190,27 @@ def legality_errors(plan: Plan, legality: Legality, cluster: Cluster | None = No
             and any(len(p.stages) > 1 for p in pipes):
         errs.append(("zero_stage", f"{plan.zero_stage} with pipeline parallelism; {who}'s pipeline engine "
                                    f"supports ZeRO stage {r.pipeline_max_zero} at most"))
+    return errs
+
+
+def moe_overlap_errors(plan: Plan, who: str) -> list[tuple[str, str]]:
+    """What the combined 1F1B schedule behind ``overlap_moe_comm`` needs (Megatron-Core, as Megatron-Bridge
+    v0.3.0 checks it before launch: src/megatron/bridge/training/comm_overlap.py): expert parallelism, an
+    interleaved pipeline when there is more than one stage, and no full or partial recomputation (selective
+    is allowed)."""
+    errs: list[tuple[str, str]] = []
+    if all(st.ep == 1 for p in plan.pipelines for st in p.stages):
+        errs.append(("overlap_moe_comm", f"no stage has ep > 1; {who} overlaps only expert-parallel all-to-alls"))
+    for pi, p in enumerate(plan.pipelines):
+        if len(p.stages) > 1 and p.virtual_stages == 1:
+            errs.append((f"pipelines[{pi}].virtual_stages", f"1 with {len(p.stages)} stages and overlap_moe_comm; "
+                                                            f"{who} overlaps them only in an interleaved pipeline"))
+            break
+        bad = next((si for si, st in enumerate(p.stages) if st.recompute is True), None)
+        if bad is not None:
+            errs.append((f"pipelines[{pi}].stages[{bad}].recompute",
+                         f"full recomputation with overlap_moe_comm; {who} allows selective recomputation only"))
+            break
     return errs
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "components" / "moe_layer.yaml"
 
 
+@pytest.mark.slow
 def test_the_frozen_passes_are_the_anchor_fit_and_the_checks_hold(tmp_path):
     """MOE_LAYER_PASSES is the fit on the 7B and 30B panels (to 0.1 pass); the 1.4B and 120B panels check it."""
     M.run(argparse.Namespace(data=DATA, out=tmp_path, fit=True))

@@ -124,3 +124,62 @@ def test_runtimes_and_export_follow_the_fields():
     args = megatron_export(plan, model).args
     assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
     assert any("moe_kernels fused" in r for r in megatron_export(fused, model).reasons)
+
+
+def test_the_pairing_holds_one_more_forward():
+    """``overlap_moe_comm`` pairs a forward with another micro-batch's backward: one more micro-batch at a
+    pipelined stage's peak (one more chunk in the interleaved warm-up), one more block without pipelining, and
+    nothing more with a single micro-batch or on a dense model (:func:`paired`)."""
+    from arachne.cost.schedule import in_flight, interleaved_in_flight, paired
+
+    assert in_flight(0, 4, 32, "1f1b", True) == 5 and in_flight(3, 4, 32, "1f1b", True) == 2
+    assert in_flight(0, 4, 4, "1f1b", True) == 4  # never more than the micro-batches there are
+    assert in_flight(0, 1, 8, "1f1b", True, blocks=16) == pytest.approx(1 + 1 / 16)
+    assert in_flight(0, 1, 1, "1f1b", True, blocks=16) == 1 == in_flight(0, 1, 8, "1f1b")
+    for s in range(4):
+        plain, more = interleaved_in_flight(s, 4, 2, 16), interleaved_in_flight(s, 4, 2, 16, True)
+        assert sum(more) == sum(plain) + 1
+    plan = Plan.model_validate(dict(_doc(), overlap_moe_comm=True))
+    assert paired(load_model("mixtral-8x7b"), plan) and not paired(load_model("llama-3-8b"), plan)
+    assert not paired(load_model("mixtral-8x7b"), Plan.model_validate(_doc()))
+
+
+def test_the_pairing_costs_activation_memory(h100):
+    """The same plan with ``overlap_moe_comm``: the same weights, more activations on every stage (a two-stage
+    pipeline: one more micro-batch on each), so a plan that ran close to the limit may no longer fit."""
+    doc = dict(_doc(), precision="bf16")
+    plain = CostModel(h100).estimate(Plan.model_validate(doc))
+    over = CostModel(h100).estimate(Plan.model_validate(dict(doc, overlap_moe_comm=True)))
+    for d, m in plain.memory_detail.items():
+        o = over.memory_detail[d]
+        assert o.weights == m.weights and o.optimizer == m.optimizer
+        assert o.activations > m.activations
+    first = next(iter(plain.memory_detail))  # stage 0 of 2 holds 2 micro-batches, 3 when paired
+    assert over.memory_detail[first].activations == pytest.approx(1.5 * plain.memory_detail[first].activations)
+
+
+def test_megatron_runs_the_pairing_only_where_megatron_core_does():
+    """The megatron runtime's rules for ``overlap_moe_comm`` (Megatron-Bridge v0.3.0's checks): ep > 1, an
+    interleaved pipeline with pp > 1, no full or partial recomputation; export refuses the rest."""
+    from arachne.spec.runtimes import moe_overlap_errors
+
+    base = dict(_doc(), overlap_moe_comm=True)
+    errs = moe_overlap_errors(Plan.model_validate(base), "megatron")
+    assert [f for f, _ in errs] == ["pipelines[0].virtual_stages"]
+    inter = json.loads(json.dumps(base))
+    inter["pipelines"][0]["virtual_stages"] = 2
+    for si, st_ in enumerate(inter["pipelines"][0]["stages"]):
+        st_["layers"] = [[8 * si, 8 * si + 8], [16 + 8 * si, 24 + 8 * si]]
+    assert moe_overlap_errors(Plan.model_validate(inter), "megatron") == []
+    for rec in (True, "selective"):
+        d = json.loads(json.dumps(inter))
+        for st_ in d["pipelines"][0]["stages"]:
+            st_["recompute"] = rec
+        errs = moe_overlap_errors(Plan.model_validate(d), "megatron")
+        assert (errs == []) == (rec == "selective")
+    no_ep = json.loads(json.dumps(inter))
+    for st_ in no_ep["pipelines"][0]["stages"]:
+        st_["ep"], st_["etp"] = 1, None
+    assert [f for f, _ in moe_overlap_errors(Plan.model_validate(no_ep), "megatron")] == ["overlap_moe_comm"]
+    assert any(f == "pipelines[0].virtual_stages" for f, _ in legality_errors(Plan.model_validate(base),
+                                                                               Legality.of("megatron")))

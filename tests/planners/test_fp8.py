@@ -115,6 +115,7 @@ def test_megatron_grid_v1_and_the_knob_off_stay_bf16(v1):
     assert res.plans and all(q.precision == "bf16" for q in res.plans)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(planner=hst.sampled_from(PLANNERS), cl=hst.sampled_from(sorted(CLUSTERS)),
        model=hst.sampled_from(["GPT-3-1.3B", "LLaMA-2-7B"]), gbs=hst.sampled_from([16, 64]),

@@ -60,6 +60,7 @@ def test_cli_json_is_the_contract(cluster_file: Path) -> None:
         assert r["estimate"]["tokens_per_s"] > 0 and r["plans_priced"] > 0
 
 
+@pytest.mark.slow
 def test_cli_table_and_plot(cluster_file: Path, tmp_path: Path) -> None:
     png = tmp_path / "cmp.png"
     res = CliRunner().invoke(app, ["compare", "-c", str(cluster_file), "-m", "GPT-3-1.3B", "-b", "64", "-s", "1024",

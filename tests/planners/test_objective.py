@@ -38,6 +38,7 @@ def test_catalog_prices_carry_a_source_and_a_date():
     assert cluster_from_dict(doc, "x").nodes[0].price_per_gpu_hour == 1.0
 
 
+@pytest.mark.slow
 def test_cost_per_token_is_what_the_objective_minimises():
     cm = CostModel(SMALL)
     plans = _plans(cm)

@@ -105,6 +105,7 @@ def test_cpu_without_simulate_devices_says_so(monkeypatch, capsys, files, no_lau
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_resume_says_which_steps_it_runs(monkeypatch, capsys, files, tmp_path, rt):
     from arachne.runtime import checkpoint as ckpt
     from arachne.spec.model import model_from_dict

@@ -177,6 +177,7 @@ def test_local_copies_older_than_the_newest_step_are_pruned(tmp_path):
     assert ckpt.load_local(tmp_path, "n1:0", 4, "x-4") == {} and ckpt.load_local(tmp_path, "n1:0", 4, "y-4") is None
 
 
+@pytest.mark.slow
 def test_a_worker_restored_by_a_move_trains_as_one_restored_from_the_checkpoint(rt, tmp_path):
     """The engine's own restore (checkpoint files) against build-then-apply_state, one step on each."""
     (plan_old, model), _ = (_load(d) for d in _plans(rt, rt.GQA_TIED))

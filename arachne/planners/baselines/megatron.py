@@ -34,6 +34,7 @@ from arachne.planners.baselines.megatron_knobs import (
     expert_menu,
     ladder,
     micro_batch_menu,
+    moe_overlap_variant,
     tp_menu,
     virtual_menu,
 )
@@ -55,7 +56,8 @@ def homogenised(cluster: Cluster, gpu: GPUType) -> Cluster:
 
 class MegatronPlanner(BaselinePlanner):
     """The grid over (tp, cp, pp) shapes, (ep, etp), b, v and the least recomputation that fits, in three
-    passes (§2.2); keep what fits; rank by the common model. The knobs are Megatron-LM's launch options
+    passes (§2.2), then overlapped expert all-to-alls on the plans they could make the best; keep what fits;
+    rank by the common model. The knobs are Megatron-LM's launch options
     (§2.1, :class:`MegatronKnobs`).
 
     ``uneven``: any pp <= L with a near-even split instead of pp | L. ``v1``: the version-1 grid (tp, pp, b,
@@ -72,7 +74,8 @@ class MegatronPlanner(BaselinePlanner):
                  micro_batch_sizes: Sequence[int] = DEFAULT_MBS, recompute: bool = True, zero: bool = True,
                  sequence_parallel: bool = True, overlap: bool = True, max_virtual_stages: int = 4,
                  context_parallel: bool = True, cp_min_sequence: int = 8192, max_cp: int = 16,
-                 expert_tp: bool = True, v1: bool = False, quirks: bool = False, ep_postpass: bool = False):
+                 expert_tp: bool = True, moe_overlap: bool = True, v1: bool = False, quirks: bool = False,
+                 ep_postpass: bool = False):
         super().__init__(quirks=quirks, ep_postpass=False)  # EP is native
         self.oblivious = oblivious
         self.uneven = uneven
@@ -80,7 +83,7 @@ class MegatronPlanner(BaselinePlanner):
             micro_batch_sizes=tuple(micro_batch_sizes), recompute=recompute, distributed_optimizer=zero,
             sequence_parallel=sequence_parallel, overlap=overlap, max_virtual_stages=max_virtual_stages,
             context_parallel=context_parallel, cp_min_sequence=cp_min_sequence, max_cp=max_cp,
-            expert_tp=expert_tp, v1=v1)
+            expert_tp=expert_tp, moe_overlap=moe_overlap, v1=v1)
         self._top = TopK(16)
         if oblivious:
             self.name = "megatron-oblivious"
@@ -146,12 +149,15 @@ class MegatronPlanner(BaselinePlanner):
             est = pricer.estimate(plan)
             ok = est.fits if mem_cap is None else est.max_memory_bytes <= mem_cap
             t = est.iteration_time_s
-            return Priced(ok, t, t - est.breakdown.get("pipeline_bubble_s", 0.0))
+            return Priced(ok, t, t - est.breakdown.get("pipeline_bubble_s", 0.0), est.breakdown.get("ep_comm_s", 0.0))
+
+        found: list[tuple[Plan, Priced]] = []
 
         def keep(rung: Rung) -> None:
             for plan, got in rung.found:
                 ctx.add(plan, got.time_s)
                 top.push(got.time_s)
+                found.append((plan, got))
 
         G, L = ctx.job.global_batch_size, ctx.model.num_layers
         seen: list[Seen] = []
@@ -197,6 +203,14 @@ class MegatronPlanner(BaselinePlanner):
                 ptv = dataclasses.replace(x.pt, v=v)
                 if alive(ptv):
                     climb(ptv, None)
+        # (4) overlapped expert all-to-alls on the fitting plans that hiding all of them could make the best
+        for plan, got in sorted(found, key=lambda x: x[1].time_s - x[1].ep_s):
+            if got.time_s - got.ep_s >= top.best or ctx.expired():
+                break
+            cand = moe_overlap_variant(plan, ctx.model, self.knobs)
+            if cand is not None and (res := fits(cand)).fits:
+                ctx.add(cand, res.time_s)
+                top.push(res.time_s)
 
 
 @dataclasses.dataclass

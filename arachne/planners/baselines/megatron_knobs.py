@@ -56,6 +56,10 @@ class MegatronKnobs:
     fp8: bool = True
     """``--fp8-format hybrid`` when the job allows fp8 and every GPU of the point has an FP8 rate (a point that
     does not fit in fp8 even with full recomputation is tried in bf16)."""
+    moe_overlap: bool = True
+    """``--overlap-moe-expert-parallel-comm`` with ``--delay-wgrad-compute`` (a plan's ``overlap_moe_comm``) on the
+    fastest fitting MoE points that Megatron-Core runs it on (ep > 1; pp = 1 or interleaved; no full
+    recomputation), kept where faster (it hides all-to-alls, takes SMs and holds one more forward)."""
     v1: bool = False
     """The version-1 grid: ZeRO-1 on/off, recompute none/full, ep | dp, nothing else (for comparisons)."""
 
@@ -201,6 +205,8 @@ class Priced:
     """Iteration time under the pricing cost model."""
     floor_s: float
     """The iteration time less the critical pipeline's bubble: what interleaving could at best reach."""
+    ep_s: float = 0.0
+    """The critical pipeline's expert all-to-all time: what overlapping them could at best save."""
 
 
 Fits = Callable[[Plan], Priced]
@@ -291,6 +297,18 @@ def _fewest_fitting(builder: PlanBuilder, pt: Point, rungs: list[int], fits: Fit
         else:
             lo = mid + 1
     return best
+
+
+def moe_overlap_variant(plan: Plan, model: ModelSpec, knobs: MegatronKnobs) -> Plan | None:
+    """``plan`` with ``overlap_moe_comm`` where the knob is on and Megatron-Core runs the pairing on it (the
+    megatron runtime's rules, :func:`arachne.spec.runtimes.moe_overlap_errors`); None otherwise."""
+    from arachne.plan import PLAN_FORMAT_V2
+    from arachne.spec.runtimes import moe_overlap_errors
+
+    if not (knobs.moe_overlap and not knobs.v1 and model.is_moe) or plan.overlap_moe_comm:
+        return None
+    cand = plan.model_copy(update={"overlap_moe_comm": True, "format": PLAN_FORMAT_V2})
+    return None if moe_overlap_errors(cand, "megatron") else cand
 
 
 def micro_batch_menu(global_batch: int, dp: int, knobs: MegatronKnobs) -> list[int]:

@@ -254,3 +254,35 @@ def test_recomputation_is_cut_to_what_memory_needs():
     assert new_est.iteration_time_s < est.iteration_time_s
     recomputed = sum(st.recompute_layers or st.num_layers for p in new.pipelines for st in p.stages if st.recompute is True)
     assert recomputed < sum(st.num_layers for p in full.pipelines for st in p.stages)
+
+
+def test_overlapped_expert_all_to_alls_are_offered_where_the_runtime_runs_them():
+    """The ``moe_overlap`` knob prices ``overlap_moe_comm`` on a plan with ep > 1 (as it is, interleaved, and
+    with its memory's recomputation); Mixtral over two 16-GPU stages with ep 8 across nodes gains from it. Under
+    the megatron runtime the kept variant is one Megatron-Core pairs (interleaved, pp > 1); a kept variant is
+    never slower and always fits."""
+    from arachne.plan import Plan
+    from arachne.planners.arachne.completion.modern import Knobs, legal_check
+    from arachne.spec.runtimes import moe_overlap_errors
+
+    cl = cluster([("H100", 4, 8)])
+    devs = [f"g0-{n}:{i}" for n in range(4) for i in range(8)]
+    stages = [{"layers": [16 * s, 16 * s + 16], "devices": devs[16 * s:16 * s + 16], "tp": 2, "dp": 8, "ep": 8}
+              for s in range(2)]
+    plan = Plan.model_validate({"model": "mixtral-8x7b", "global_batch_size": 256, "sequence_length": 4096,
+                                "micro_batch_size": 8, "precision": "bf16", "zero_stage": 1, "schedule": "1f1b",
+                                "pipelines": [{"micro_batches": 32, "stages": stages}]})
+    cm = CostModel(cl)
+    est = cm.estimate(plan)
+    model = cm.resolve_model(plan)
+    assert est.fits
+    for legality in (None, Legality.of("megatron")):
+        knobs = Knobs(cm, model, legal_check(legality, plan, cl), (plan, est))
+        knobs.moe_overlap()
+        new, new_est = knobs.best
+        assert new is not plan and new.overlap_moe_comm and new.written_format == "arachne-plan/2"
+        assert new_est.fits and new_est.iteration_time_s < est.iteration_time_s
+        validate_plan(new, cl, model)
+        if legality is not None:
+            assert moe_overlap_errors(new, "megatron") == [] and new.pipelines[0].virtual_stages > 1
+            assert not legality.errors(new, cl)

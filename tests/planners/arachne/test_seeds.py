@@ -121,6 +121,7 @@ def test_only_pipelines_of_one_shape_merge():
     validate_plan(lock, ctx.cluster, ctx.model)
 
 
+@pytest.mark.slow
 def test_seeds_cover_the_type_oblivious_megatron_grid():
     """On cloud-16 the Megatron grid over all GPUs (dp 16, two micro-batches of four, overlapped) beat the search
     by 6% before the seeds; every plan arachne returns is valid and it is no slower than that baseline."""

@@ -234,7 +234,46 @@ def test_moe_plans_respect_the_expert_layout() -> None:
 
 def test_the_knobs_can_be_switched_off() -> None:
     opts = (("sequence_parallel", False), ("overlap", False), ("zero", False), ("max_virtual_stages", 1),
-            ("context_parallel", False), ("expert_tp", False), ("recompute", False))
+            ("context_parallel", False), ("expert_tp", False), ("recompute", False), ("moe_overlap", False))
     for plan in searched("moe", options=opts).plans:
         assert not uses_v2(plan) and plan.zero_stage == 0
         assert all(not st.recompute for st in stages(plan))
+
+
+def test_overlapped_expert_all_to_alls_only_where_megatron_core_pairs_them() -> None:
+    """The grid's last pass adds ``overlap_moe_comm`` (--overlap-moe-expert-parallel-comm) to fitting MoE plans
+    with ep > 1 that Megatron-Core pairs (pp = 1 or interleaved, no full recomputation), never to others; every
+    plan it returns keeps the megatron runtime's rules."""
+    from arachne.planners.baselines.megatron_knobs import MegatronKnobs, moe_overlap_variant
+    from arachne.spec.runtimes import Legality, moe_overlap_errors
+
+    knobs, moe = MegatronKnobs(), load_model("Qwen1.5-MoE-A2.7B")
+    devs = [f"n{i // 8}:{i % 8}" for i in range(16)]
+
+    def plan(pp: int, v: int = 1, ep: int = 4, rec=False, model: str = "Qwen1.5-MoE-A2.7B") -> Plan:
+        per = 16 // pp
+        L = load_model(model).num_layers
+        if v == 1:
+            layers = [[L * s // pp, L * (s + 1) // pp] for s in range(pp)]
+        else:
+            c = L // (pp * v)
+            layers = [[[(j * pp + s) * c, (j * pp + s + 1) * c] for j in range(v)] for s in range(pp)]
+        return Plan.model_validate({
+            "format": "arachne-plan/2", "model": model, "global_batch_size": 64, "sequence_length": 2048,
+            "micro_batch_size": per, "precision": "bf16", "zero_stage": 1, "schedule": "1f1b",
+            "pipelines": [{"micro_batches": 64 // per, "virtual_stages": v, "stages": [
+                {"layers": layers[s], "devices": devs[s * per:(s + 1) * per], "tp": 1, "dp": per,
+                 "ep": ep, "recompute": rec} for s in range(pp)]}]})
+
+    assert moe_overlap_variant(plan(1), moe, knobs).overlap_moe_comm
+    assert moe_overlap_variant(plan(2, v=2), moe, knobs).overlap_moe_comm
+    assert moe_overlap_variant(plan(2), moe, knobs) is None  # pp 2 without interleaving
+    assert moe_overlap_variant(plan(1, rec=True), moe, knobs) is None
+    assert moe_overlap_variant(plan(1, rec="selective"), moe, knobs) is not None
+    assert moe_overlap_variant(plan(1, ep=1), moe, knobs) is None
+    assert moe_overlap_variant(plan(1), moe, MegatronKnobs(moe_overlap=False)) is None
+    rules = Legality.of("megatron")
+    for p in searched("moe").plans:
+        if p.overlap_moe_comm:
+            assert moe_overlap_errors(p, "megatron") == []
+        assert not [e for e in rules.errors(p) if "overlap_moe_comm" in e[1] or e[0] == "overlap_moe_comm"]

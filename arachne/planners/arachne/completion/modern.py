@@ -13,7 +13,9 @@ framework makes by default, no slower):
    stage data parallelism (or merging identical pipelines), then recomputation again;
 6. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages;
 7. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``;
-8. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
+8. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
+   selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
+9. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
 
 Each plan gets at most :data:`MAX_ESTIMATES` estimates, within the caller's deadline; every variant
 passes the caller's legality predicate and the format's rules (a plan that would not is never returned).
@@ -256,6 +258,30 @@ class Knobs:
 
             self.offer(map_stages(plan, pick))
 
+    def moe_overlap(self) -> None:
+        """``overlap_moe_comm`` on a plan with expert parallelism: as it is, interleaved (Megatron-Core pairs
+        micro-batches only in an interleaved pipeline) and with selective instead of full recomputation (the
+        pairing refuses full); the pairing holds one more forward's activations, so a variant that no longer
+        fits gets the recomputation that makes it fit."""
+        plan = self.best[0]
+        if not self.model.is_moe or plan.overlap_moe_comm or all(st.ep == 1 for p in plan.pipelines for st in p.stages):
+            return
+        on = _with_pipelines(plan, plan.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2)
+        cands = [on]
+        if recomputes(on):
+            cands.append(map_stages(on, lambda _a, _b, _p, st: with_recompute(st, "selective")
+                                    if st.recompute is True else st))
+        if plan.schedule == "1f1b" and any(len(p.stages) > 1 and p.virtual_stages == 1 for p in plan.pipelines):
+            for v in VIRTUAL_STAGES:
+                pipes = [interleaved(p, v) or p for p in on.pipelines]
+                if all(a is b for a, b in zip(pipes, on.pipelines)):
+                    break
+                cands.append(_with_pipelines(on, pipes))
+        for cand in cands:
+            est = self.price(cand)
+            if est is not None and not self.offer(cand, est) and not est.fits:
+                self.relax(cand, est)
+
     def zero(self) -> None:
         plan = self.best[0]
         if not replicated(plan):
@@ -369,7 +395,7 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
                   max_estimates, deadline, work)
     steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.interleave,
-             knobs.experts, knobs.zero]
+             knobs.experts, knobs.moe_overlap, knobs.zero]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
         if knobs.spent():
             break
