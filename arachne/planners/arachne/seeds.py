@@ -385,7 +385,10 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
     def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
         # (the uniform template's merged form is priced too: over a type's node sizes its dp is the larger one)
-        tpls = [lockstep_template(ctx, subset, tp, S), uniform_template(ctx, subset, tp, S)]
+        lock = lockstep_template(ctx, subset, tp, S)
+        tpls = [lock, uniform_template(ctx, subset, tp, S)]
+        if lock is not None and len(lock.groups) > 1:  # each type's lock-step pipeline alone, at once (a slow
+            tpls[1:1] = [Template((g,)) for g in lock.groups]  # type's replicas can cost more than they add)
         tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None
