@@ -579,4 +579,5 @@ def run(a) -> None:
     common.console.print(f"{len(rows)} records: {len(fair)} priced as they ran, {len(rows) - len(fair)} use a "
                          f"feature the cost model does not price (reported apart); predicted not to fit: "
                          f"{len(summary['not_fitting'])}")
-    common.write_result(a.out, "published", rows, summary, {"data": str(path)}, benchmark="cost-model-published")
+    shown = path.resolve().relative_to(common.ROOT) if path.resolve().is_relative_to(common.ROOT) else path.name
+    common.write_result(a.out, "published", rows, summary, {"data": str(shown)}, benchmark="cost-model-published")

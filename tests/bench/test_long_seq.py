@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from arachne.planners.protocol import SearchBudget
 from benchmarks.long_seq import (
     CP_PLANNERS,
@@ -44,6 +46,7 @@ def test_case_summary_sets_arachne_beside_the_best_and_the_best_without_cp():
     assert tot["vs_no_cp_baselines"]["cases"] == 1
 
 
+@pytest.mark.slow
 def test_one_real_case_reports_cp_and_throughput():
     budget = SearchBudget(time_budget_s=10)
     a = plan_row("h100-32", "Llama-3.1-8B", 32768, 2**22, "arachne", budget)

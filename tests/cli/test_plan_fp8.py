@@ -28,6 +28,7 @@ def test_precision_fp8_is_refused_where_fp8_cannot_run(write_doc):
     assert "expected bf16, fp16, fp32 or fp8, got 'fp9'" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("gpu", "expected"), [("H100", "fp8"), ("A100-80", "bf16")])
 def test_precision_fp8_where_the_gpus_have_it(write_doc, gpu, expected):
     res = invoke("plan", "--cluster", cluster(write_doc, gpu), *JOB, "--precision", "fp8", "--runtime",

@@ -85,6 +85,7 @@ def test_fp8_on_h100_is_used_and_faster(planner):
     validate_plan(fp8, cluster("h100"), load_model("Llama-3.1-8B"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planner", PLANNERS + POSTPASS)
 def test_no_fp8_on_a100(planner):
     _, e16 = planned(planner, "a100", "Llama-3.1-8B", 64, 4096, "bf16")
