@@ -42,7 +42,7 @@ from arachne.cost.pipeline import (
     _stage_params_cached,
 )
 from arachne.cost.recompute import dropped_bytes, modules_fwd, op_selective_fwd, recomputed_collectives
-from arachne.cost.schedule import in_flight, paired
+from arachne.cost.schedule import in_flight, pairs_micro_batches
 from arachne.cost.sync import IDENTITY_CACHE_SIZE, MEGATRON_BUCKET_PARAMS, SyncMixin
 from arachne.errors import InputError
 from arachne.plan import Plan, Stage, validate_plan
@@ -438,7 +438,7 @@ class CostModel(SyncMixin, PipelineMixin):
                 zero_shards: int, replicated: bool) -> MemoryBreakdown:
         return self.stage_memory(model, st.layers, s == 0, s == S - 1, S, st.tp, st.ep,
                                  mbs / st.dp_size / st.cp if st.cp > 1 else mbs / st.dp_size,
-                                 in_flight(s, S, m, plan.schedule, paired(model, plan), st.num_layers),
+                                 in_flight(s, S, m, plan.schedule, pairs_micro_batches(model, plan), st.num_layers),
                                  plan.precision, plan.sequence_length,
                                  zero_shards if plan.zero_stage >= 1 else 1, replicated, st.recompute,
                                  st.recompute_layers, st.sequence_parallel, plan.zero_stage, expert_tp(st),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from arachne.cost.compute import act_bytes
 from arachne.cost.features import chunk_recomputed_blocks, expert_tp
 from arachne.cost.memory import MemoryBreakdown, block_activation_bytes, stage_params
-from arachne.cost.schedule import interleaved_in_flight, interleaved_time, paired, pipeline_time
+from arachne.cost.schedule import interleaved_in_flight, interleaved_time, pairs_micro_batches, pipeline_time
 from arachne.cost.sync import exposed_sync, gather_share
 from arachne.plan import Plan
 from arachne.spec.model import ModelSpec
@@ -116,7 +116,7 @@ class PipelineMixin:
         """One device of an interleaved stage: the model state of all its chunks, the activations of the chunk
         forwards in flight at its peak (:func:`interleaved_in_flight`), the largest chunk's transient."""
         S, v = len(p.stages), p.virtual_stages
-        counts = interleaved_in_flight(si, S, v, p.micro_batches, paired(model, plan))
+        counts = interleaved_in_flight(si, S, v, p.micro_batches, pairs_micro_batches(model, plan))
         ks = chunk_recomputed_blocks(st)
         parts = [self.stage_memory(model, rng, si == 0 and c == 0, si == S - 1 and c == v - 1, S, st.tp, st.ep,
                                    mbs / st.dp_size / st.cp if st.cp > 1 else mbs / st.dp_size, counts[c],

@@ -116,7 +116,7 @@ def _cached(fwd, bwd, send_fwd, send_bwd, m, schedule) -> float:
     return simulate(fwd, bwd, send_fwd, send_bwd, m, schedule)
 
 
-def paired(model, plan) -> bool:
+def pairs_micro_batches(model, plan) -> bool:
     """Whether ``plan`` pairs micro-batches' forwards and backwards to hide an MoE model's expert all-to-alls
     (``overlap_moe_comm``; on a dense model the flag pairs nothing)."""
     return bool(getattr(plan, "overlap_moe_comm", False)) and model.is_moe

@@ -129,8 +129,8 @@ def test_runtimes_and_export_follow_the_fields():
 def test_the_pairing_holds_one_more_forward():
     """``overlap_moe_comm`` pairs a forward with another micro-batch's backward: one more micro-batch at a
     pipelined stage's peak (one more chunk in the interleaved warm-up), one more block without pipelining, and
-    nothing more with a single micro-batch or on a dense model (:func:`paired`)."""
-    from arachne.cost.schedule import in_flight, interleaved_in_flight, paired
+    nothing more with a single micro-batch or on a dense model (:func:`pairs_micro_batches`)."""
+    from arachne.cost.schedule import in_flight, interleaved_in_flight, pairs_micro_batches
 
     assert in_flight(0, 4, 32, "1f1b", True) == 5 and in_flight(3, 4, 32, "1f1b", True) == 2
     assert in_flight(0, 4, 4, "1f1b", True) == 4  # never more than the micro-batches there are
@@ -140,8 +140,8 @@ def test_the_pairing_holds_one_more_forward():
         plain, more = interleaved_in_flight(s, 4, 2, 16), interleaved_in_flight(s, 4, 2, 16, True)
         assert sum(more) == sum(plain) + 1
     plan = Plan.model_validate(dict(_doc(), overlap_moe_comm=True))
-    assert paired(load_model("mixtral-8x7b"), plan) and not paired(load_model("llama-3-8b"), plan)
-    assert not paired(load_model("mixtral-8x7b"), Plan.model_validate(_doc()))
+    assert pairs_micro_batches(load_model("mixtral-8x7b"), plan) and not pairs_micro_batches(load_model("llama-3-8b"), plan)
+    assert not pairs_micro_batches(load_model("mixtral-8x7b"), Plan.model_validate(_doc()))
 
 
 def test_the_pairing_costs_activation_memory(h100):
