@@ -96,6 +96,20 @@ def interleaved(pipe: Pipeline, v: int) -> Pipeline | None:
     return pipe.model_copy(update={"stages": stages, "virtual_stages": v})
 
 
+def interleavings(plan: Plan) -> list[Plan]:
+    """``plan`` with its pipelines interleaved at each of :data:`VIRTUAL_STAGES` that changes some pipeline (a
+    pipeline :func:`interleaved` cannot split stays as it is); none for a schedule other than 1F1B."""
+    out: list[Plan] = []
+    if plan.schedule != "1f1b":
+        return out
+    for v in VIRTUAL_STAGES:
+        pipes = [interleaved(p, v) or p for p in plan.pipelines]
+        if all(a is b for a, b in zip(pipes, plan.pipelines)):
+            break
+        out.append(_with_pipelines(plan, pipes))
+    return out
+
+
 def with_cp(plan: Plan, c: int) -> Plan | None:
     """Context parallelism ``c`` in place of data parallelism: pipelines of the same shape merged ``c`` at a
     time (their stages' devices concatenated, so each stage keeps its dp and runs ``c`` times the
@@ -230,14 +244,7 @@ class Knobs:
             self.relax(cand, est)  # less activation memory per GPU: less recomputation
 
     def interleave(self) -> None:
-        base = self.best[0]
-        if base.schedule != "1f1b":
-            return
-        for v in VIRTUAL_STAGES:
-            pipes = [interleaved(p, v) or p for p in base.pipelines]
-            if all(a is b for a, b in zip(pipes, base.pipelines)):
-                break
-            cand = _with_pipelines(base, pipes)
+        for cand in interleavings(self.best[0]):
             est = self.price(cand)
             if est is not None and not self.offer(cand, est) and not est.fits:
                 self.relax(cand, est)
@@ -271,12 +278,7 @@ class Knobs:
         if recomputes(on):
             cands.append(map_stages(on, lambda _a, _b, _p, st: with_recompute(st, "selective")
                                     if st.recompute is True else st))
-        if plan.schedule == "1f1b" and any(len(p.stages) > 1 and p.virtual_stages == 1 for p in plan.pipelines):
-            for v in VIRTUAL_STAGES:
-                pipes = [interleaved(p, v) or p for p in on.pipelines]
-                if all(a is b for a, b in zip(pipes, on.pipelines)):
-                    break
-                cands.append(_with_pipelines(on, pipes))
+        cands += interleavings(on)
         for cand in cands:
             est = self.price(cand)
             if est is not None and not self.offer(cand, est) and not est.fits:
