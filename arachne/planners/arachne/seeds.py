@@ -29,7 +29,7 @@ from arachne.cost.memory import state_bytes_per_param
 from arachne.plan import PLAN_FORMAT_V2, Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS
 from arachne.planners.arachne.completion.batch import mbs_candidates
-from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize
+from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize, recomputes
 from arachne.planners.arachne.completion.place import cap_replicas, placements
 from arachne.planners.arachne.completion.price import build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
@@ -59,6 +59,8 @@ MIXED_LOCKSTEP_DEGREES = 2
 """Data-parallel degrees of the mixed lock-step pipeline tried per (class subset, tp): the largest that work."""
 SEED_TOP = 2
 """The fastest seeds given the knobs."""
+SEED_FASTEST = 2
+"""The fastest seeds as priced also given the knobs (beside the :data:`SEED_TOP` by their bound)."""
 SEED_ESTIMATES = 30
 """Estimates the knobs spend on one seed, at most."""
 
@@ -411,8 +413,10 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         node = min(ctx.classes[i].node_size for i in subset)
         # tp ascending (the fewest collectives first); with cp (``multiple``) descending: at long sequences the
-        # widest groups are the likeliest to fit, and each depth that does not costs a completion
-        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (t not in (tps or ()), -t if multiple > 1 else t)):
+        # widest groups are the likeliest to fit, and each depth that does not costs a completion; and first
+        # the tp whose cp * tp group stays in a node (the ring exchange on the node's links)
+        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (multiple * t > node, t not in (tps or ()),
+                                                                     -t if multiple > 1 else t)):
             if not deadline.expired():  # its depth is the types' GPUs over tp d, not a depth of the loop below
                 out += complete_all(mixed_lockstep_templates(ctx, subset, tp))
             for S in STAGE_COUNTS:
@@ -424,8 +428,15 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 if found is None:
                     break
                 if found:
-                    shallowest.append((subset, tp, S))
                     out += found
+                    # with cp (long sequences), a depth that fits only by recomputing: one stage deeper at once
+                    # (it may fit without; the next subsets' cross-node cp groups rarely beat it)
+                    deeper = next_depth(ctx, subset, tp, S) if multiple > 1 and all(
+                        recomputes(p) for p, _ in found) else None
+                    if deeper is not None and not deadline.expired():
+                        out += at_depth(subset, tp, deeper) or []
+                    else:
+                        shallowest.append((subset, tp, S))
                     break
     for subset, tp, S in shallowest if SEED_DEPTHS > 1 else ():  # then one depth deeper each
         deeper = next_depth(ctx, subset, tp, S)
@@ -473,17 +484,19 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
         distinct.setdefault(round(r[1].iteration_time_s, 9), r)
     ranked = list(distinct.values())
     top = ranked[:SEED_TOP]
-    # and the fastest seed as priced: a plan the bound favours for the recomputation it might drop can keep it
-    # (no memory to spare), and the fastest must not be lost behind it
-    fastest = min(ranked, key=lambda r: score(r[1]), default=None)
-    if fastest is not None and fastest not in top:
-        top.append(fastest)
+    # and the fastest seeds as priced: a plan the bound favours for the recomputation it might drop can keep it
+    # (no memory to spare), and the fastest must not be lost behind it; nor the next fastest, whose bubble the
+    # interleaving knob may hide (a pipelined plan just behind one without a pipeline)
+    for r in sorted(ranked, key=lambda r: score(r[1]))[:SEED_FASTEST]:
+        if r not in top:
+            top.append(r)
     out: list[Priced] = []
+    shares = len(top) - (len(top) > SEED_TOP + 1)  # a fourth plan gets only what the first three leave
     for i, (plan, est) in enumerate(top):
         out.append((plan, est))
         if deadline.expired():
             continue
-        sub = deadline.child(deadline.remaining / (len(top) - i))
+        sub = deadline.child(deadline.remaining / max(1, shares - i))
         better = modernize(plan, est, ctx.cost_model, legality=rules, allow_fp8=fp8_allowed(ctx.job), deadline=sub,
                            max_estimates=SEED_ESTIMATES, work=ctx.work)
         if better[0] is not plan:

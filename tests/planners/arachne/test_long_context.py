@@ -126,3 +126,51 @@ def test_mixed_template_spans_every_type_in_proportion():
     assert found and all(e.fits for _, e in found)
     assert all({ctx.cluster.devices[d].gpu.name for s in p.pipelines[0].stages for d in s.devices}
                == {h100, a100} for p, _ in found)
+
+
+def test_a_cp_depth_that_fits_only_recomputing_is_followed_by_one_deeper_at_once(monkeypatch):
+    """8B at 64k on 32 H100: one stage at tp 1 and cp 8 fits only with full recomputation; the two-stage form
+    fits without (Megatron's grid runs pp 2 x cp 8 there) and is priced next, before the other tp degrees."""
+    ctx = ctx_for("Llama-3.1-8B", 65536)
+    tried: list[tuple[int, int, int]] = []
+    real = seeds.lockstep_template
+
+    def spy(pctx, subset, tp, S):
+        tried.append((ctx.job.sequence_length // pctx.job.sequence_length, tp, S))
+        return real(pctx, subset, tp, S)
+
+    monkeypatch.setattr(seeds, "lockstep_template", spy)
+    found = lc.cp_seed_plans(ctx, Deadline(30), None, lambda _p: True, None, None)
+    shapes = {(len(p.stages), max(s.tp for s in p.stages), max(s.cp for s in p.stages),
+               any(s.recompute for s in p.stages)) for plan, _ in found for p in plan.pipelines}
+    assert (1, 1, 8, True) in shapes and (2, 1, 8, False) in shapes
+    at8 = [(tp, S) for c, tp, S in tried if c == 8]
+    assert at8[:2] == [(1, 1), (1, 2)]
+
+
+def test_cp_seeds_try_the_tp_whose_cp_group_stays_in_a_node_first(monkeypatch):
+    ctx = ctx_for("Llama-3.1-8B", 65536)
+    tried: list[tuple[int, int]] = []
+    real = seeds.lockstep_template
+
+    def spy(pctx, subset, tp, S):
+        tried.append((ctx.job.sequence_length // pctx.job.sequence_length, tp))
+        return real(pctx, subset, tp, S)
+
+    monkeypatch.setattr(seeds, "lockstep_template", spy)
+    lc.cp_seed_plans(ctx, Deadline(30), None, lambda _p: True, None, {4})
+    for c in (8, 4, 2):
+        tps = [tp for cc, tp in tried if cc == c]
+        assert tps and tps[0] == 8 // c  # cp * tp = the node's 8 GPUs, before the lead's tp 4
+
+
+@pytest.mark.slow
+def test_the_seed_just_behind_the_fastest_gets_the_knobs_too():
+    """8B at 64k on 32 H100: the fastest seed is one stage (tp 2, cp 4); the next, two stages at cp 8, is
+    faster once the knobs interleave it, which they do only if it is given them."""
+    ctx = ctx_for("Llama-3.1-8B", 65536)
+    res = ArachnePlanner().plan(ctx.cluster, ctx.model, ctx.job, ctx.cost_model, SearchBudget(time_budget_s=20))
+    plan = res.plans[0]
+    validate_plan(plan, ctx.cluster, ctx.model)
+    assert all(p.virtual_stages > 1 and len(p.stages) == 2 for p in plan.pipelines)
+    assert max(s.cp for p in plan.pipelines for s in p.stages) == 8
