@@ -413,10 +413,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         node = min(ctx.classes[i].node_size for i in subset)
         # tp ascending (the fewest collectives first); with cp (``multiple``) descending: at long sequences the
-        # widest groups are the likeliest to fit, and each depth that does not costs a completion; and first
-        # the tp whose cp * tp group stays in a node (the ring exchange on the node's links)
-        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (multiple * t > node, t not in (tps or ()),
-                                                                     -t if multiple > 1 else t)):
+        # widest groups are the likeliest to fit, and each depth that does not costs a completion
+        for tp in sorted(tp_options(ctx.model, node), key=lambda t: (t not in (tps or ()), -t if multiple > 1 else t)):
             if not deadline.expired():  # its depth is the types' GPUs over tp d, not a depth of the loop below
                 out += complete_all(mixed_lockstep_templates(ctx, subset, tp))
             for S in STAGE_COUNTS:
