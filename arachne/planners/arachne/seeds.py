@@ -23,6 +23,7 @@ and the layer splits and placements by ``ctx.work``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import combinations
 
 from arachne.cost import Estimate
 from arachne.cost.memory import state_bytes_per_param
@@ -57,6 +58,10 @@ SEED_SIZES = 3
 """Micro-batch sizes per template (:func:`seed_sizes`)."""
 MIXED_LOCKSTEP_DEGREES = 2
 """Data-parallel degrees of the mixed lock-step pipeline tried per (class subset, tp): the largest that work."""
+EQUAL_SHARE_SUBSETS = 2
+"""Class subsets whose GPUs divide the batch evenly, seeded as one data-parallel stage (:func:`equal_share_subsets`)."""
+EQUAL_SHARE_CLASSES = 10
+"""The fastest classes those subsets are drawn from (2^10 subsets at most)."""
 SEED_TOP = 2
 """The fastest seeds given the knobs."""
 SEED_FASTEST = 2
@@ -77,6 +82,26 @@ def class_subsets(ctx: PlanningContext, first: set[str] | None = None) -> list[t
     out = [every] + [tuple(v) for v in types.values() if len(types) > 1]
     lead = tuple(c.index for c in ctx.classes if first and c.gpu.name in first)
     return list(dict.fromkeys([lead] + out)) if lead else out
+
+
+def equal_share_subsets(ctx: PlanningContext, known: list[tuple[int, ...]],
+                        count: int = EQUAL_SHARE_SUBSETS) -> list[tuple[int, ...]]:
+    """Class subsets whose GPUs divide the batch, so that one data-parallel stage over them gives every GPU the
+    same number of sequences (as ``megatron-oblivious`` runs it over the GPUs it picks), not in ``known``: the
+    ``count`` with the most GPUs times their slowest GPU's peak rate (lock-step, the slowest sets the pace).
+    The prefixes by type of :func:`class_subsets` rarely divide the batch: 12 L40S and a 4-GPU H20 node do (32
+    sequences, 2 per GPU), 12 L40S and both H20 nodes do not. Only over the :data:`EQUAL_SHARE_CLASSES` fastest
+    classes (the subsets are enumerated)."""
+    gbs, precision = ctx.job.global_batch_size, ctx.job.precision
+    fast = sorted(ctx.classes, key=lambda c: -c.gpu.peak_flops(precision))[:EQUAL_SHARE_CLASSES]
+    seen, ranked = set(map(frozenset, known)), []
+    for r in range(1, len(fast) + 1):
+        for sub in combinations(fast, r):
+            n = sum(c.count for c in sub)
+            if n > 1 and gbs % n == 0 and frozenset(c.index for c in sub) not in seen:
+                ranked.append((-n * min(c.gpu.peak_flops(precision) for c in sub), n,
+                               tuple(sorted(c.index for c in sub))))
+    return [sub for _, _, sub in sorted(ranked)[:count]]
 
 
 def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[int, int]]:
@@ -436,6 +461,12 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     else:
                         shallowest.append((subset, tp, S))
                     break
+    # class subsets whose GPUs share the batch evenly, as one data-parallel stage
+    for subset in equal_share_subsets(ctx, class_subsets(ctx, first)) if multiple == 1 else ():
+        if deadline.expired():
+            break
+        if holds_state(ctx, subset, 1, 1):
+            out += at_depth(subset, 1, 1) or []
     for subset, tp, S in shallowest if SEED_DEPTHS > 1 else ():  # then one depth deeper each
         deeper = next_depth(ctx, subset, tp, S)
         if deeper is None or deadline.expired():

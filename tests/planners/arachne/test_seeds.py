@@ -210,3 +210,41 @@ def test_an_moe_lock_step_pipeline_spans_the_gpu_types_as_megatron_oblivious_run
     assert seeds.complete_seed(tpls[1], ctx, 16, lambda _p: True)
     assert seeds.mixed_lockstep_templates(ctx_for(groups, gbs=512, seq=4096), every, 1) == []
     assert seeds.mixed_lockstep_templates(ctx, seeds.class_subsets(ctx)[1], 1) == []
+
+
+# a fresh hold-out's five classes (seed79/rob-017, as stored): megatron-oblivious ran one stage dp 16 over the
+# 12 L40S and the solo 4-GPU H20 node, 2 sequences per GPU
+ROB017 = {"name": "rob-017", "nodes": [
+    {"name": "p100-x4-{i}", "count": 3, "gpu": "P100", "gpus_per_node": 4, "inter_node_gbps": 100},
+    {"name": "l40s-x4-{i}", "count": 3, "gpu": "L40S", "gpus_per_node": 4},
+    {"name": "h20-x4-solo", "count": 1, "gpu": "H20", "gpus_per_node": 4},
+    {"name": "h20-x8-{i}", "count": 1, "gpu": "H20"},
+    {"name": "a100-80-x2-{i}", "count": 6, "gpu": "A100-80", "gpus_per_node": 2, "inter_node_gbps": 3.125,
+     "intra_node_gbps": 64, "zone": "row-3"}]}
+
+
+def rob017_ctx() -> PlanningContext:
+    cl = cluster_from_dict(ROB017)
+    return PlanningContext(cl, model_catalog().get("OPT-350M"), Job(global_batch_size=32, sequence_length=1024),
+                           CostModel(cl))
+
+
+def test_equal_share_subsets_divide_the_batch_and_are_new():
+    ctx = rob017_ctx()
+    known = seeds.class_subsets(ctx)
+    subs = seeds.equal_share_subsets(ctx, known)
+    assert 0 < len(subs) <= seeds.EQUAL_SHARE_SUBSETS
+    for sub in subs:
+        assert 32 % sum(ctx.classes[i].count for i in sub) == 0 and sub not in known
+    names = {tuple(sorted((ctx.classes[i].gpu.name, ctx.classes[i].count) for i in sub)) for sub in subs}
+    assert (("H20", 4), ("L40S", 12)) in names
+
+
+def test_the_seeds_price_the_equal_share_stage_megatron_oblivious_runs():
+    """One data-parallel stage over the 12 L40S and the solo H20 node: 358,748 tokens/s under the cost model
+    (megatron-oblivious's plan); without the equal-share subsets the best seed was the 8-GPU H20 node alone."""
+    ctx = rob017_ctx()
+    found = seeds.seed_plans(ctx, Deadline(60))
+    best = max(found, key=lambda r: r[1].tokens_per_s)
+    gpus = {ctx.cluster.devices[d].gpu.name for d in best[0].devices}
+    assert gpus == {"L40S", "H20"} and len(best[0].devices) == 16
