@@ -104,6 +104,36 @@ def equal_share_subsets(ctx: PlanningContext, known: list[tuple[int, ...]],
     return [sub for _, _, sub in sorted(ranked)[:count]]
 
 
+def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
+    """The classes of the GPU type that trains fastest with the batch shared evenly over its GPUs at tp 1 and one
+    stage (None: no type holds the model so): the most of them whose number divides the batch, each its share
+    of sequences (the depth rule's quick guess: its first class's profile, one sequence at a time) and the
+    gradients all-reduced over their nodes. The family reaches a type alone only after the incumbent's types and
+    all classes together, at every tp and depth; on a large cluster of many types its time can run out first,
+    while Megatron's grid over that type (data parallel over 32 of 40 H100 for a batch of 128, a fresh
+    hold-out) is the plan to beat."""
+    gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
+    net, grad_b = ctx.cost_model.network, 4.0 if ctx.job.precision == "fp32" else 2.0
+    ep = ep_options(ctx.model, 1)[-1]
+    types: dict[str, list[int]] = {}
+    for c in ctx.classes:
+        types.setdefault(c.gpu.name, []).append(c.index)
+
+    def step(v: list[int]) -> float:
+        n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
+        nodes: dict[str, int] = {}
+        for i in v:
+            for node in ctx.classes[i].nodes:
+                if sum(nodes.values()) < n:
+                    nodes[node] = min(ctx.classes[i].node_size, n - sum(nodes.values()))
+        prof = ctx.slot_profile(v[0], 1, 1, ep, 1, 1, n, False)
+        return gbs // n * prof.time(0, L, True, True) + net.ring_all_reduce_time(
+            n, nodes, ctx.model.num_params * grad_b, max(nodes.values()))
+
+    held = [tuple(v) for v in types.values() if holds_state(ctx, tuple(v), 1, 1)]
+    return min(held, key=lambda v: step(list(v)), default=None)
+
+
 def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[int, int]]:
     """(first class, GPUs) per GPU type of ``subset``: the type's classes whose nodes hold ``tp`` GPUs, as one pool
     (a type split across node sizes, 142 H200 in nodes of 5 and 8, makes one set of identical pipelines)."""
@@ -421,20 +451,27 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             return None
         return complete_all(tpls)
 
-    def complete_all(tpls: list[Template | None]) -> list[Priced]:
+    def complete_all(tpls: list[Template | None], quick: bool = False) -> list[Priced]:
+        """Every template at its batch shares and micro-batch sizes (``quick``: the first share, even when one
+        divides the batch, at the largest size only)."""
         found: list[Priced] = []
         for tpl in tpls:
             if tpl is None or (legality is not None and not template_ok(tpl, legality)):
                 continue
             cache: dict = {}
-            for t in batch_shares(tpl, ctx.job.global_batch_size, multiple):
-                for mbs in seed_sizes(t, ctx, cache):
+            for t in batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]:
+                sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else seed_sizes(t, ctx, cache)
+                for mbs in sizes:
                     if deadline.expired():
                         break
                     found += complete_seed(t, ctx, mbs, ok, cache, deadline, convert)
         return found
 
     shallowest: list[tuple[tuple[int, ...], int, int]] = []
+    # first, on several types, the one that shares the batch best, as Megatron's data parallelism would
+    best = equal_share_type(ctx) if multiple == 1 and len({c.gpu.name for c in ctx.classes}) > 1 else None
+    if best is not None:
+        out += complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         node = min(ctx.classes[i].node_size for i in subset)
         # tp ascending (the fewest collectives first); with cp (``multiple``) descending: at long sequences the

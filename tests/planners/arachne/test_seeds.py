@@ -248,3 +248,30 @@ def test_the_seeds_price_the_equal_share_stage_megatron_oblivious_runs():
     best = max(found, key=lambda r: r[1].tokens_per_s)
     gpus = {ctx.cluster.devices[d].gpu.name for d in best[0].devices}
     assert gpus == {"L40S", "H20"} and len(best[0].devices) == 16
+
+
+# a fresh hold-out (seed77/rob-010): Megatron's grid ran one stage data parallel over 32 of the 40 H100 (4 of 128
+# sequences each); the family reached the H100 alone only after the planner's time for it had run out
+ROB010 = {"name": "rob-010", "nodes": [
+    {"name": "v100-32-x4-{i}", "count": 4, "gpu": "V100-32", "gpus_per_node": 4},
+    {"name": "v100-32-x8-{i}", "count": 2, "gpu": "V100-32", "gpus_per_node": 8},
+    {"name": "h100-x8-{i}", "count": 5, "gpu": "H100", "gpus_per_node": 8},
+    {"name": "t4-x4-{i}", "count": 4, "gpu": "T4", "gpus_per_node": 4, "inter_node_gbps": 12.5},
+    {"name": "a100-40-x8-{i}", "count": 5, "gpu": "A100-40", "gpus_per_node": 8},
+    {"name": "gh200-x4-{i}", "count": 6, "gpu": "GH200", "gpus_per_node": 4, "inter_node_gbps": 50}]}
+
+
+def test_the_type_that_shares_the_batch_best_is_seeded_first():
+    cl = cluster_from_dict(ROB010)
+    ctx = PlanningContext(cl, model_catalog().get("GPT-3-6.7B"), Job(global_batch_size=128, sequence_length=512),
+                          CostModel(cl))
+    best = seeds.equal_share_type(ctx)
+    assert {ctx.classes[i].gpu.name for i in best} == {"H100-SXM5-80GB"}  # 32 x H100 beats 16 x GH200
+    found = seeds.seed_plans(ctx, Deadline(60))
+    assert {cl.devices[d].gpu.name for d in found[0][0].devices} == {"H100-SXM5-80GB"}
+    h20 = dict(ROB010, nodes=[*ROB010["nodes"][:2], {"name": "h20-x8-{i}", "count": 6, "gpu": "H20",
+                                                      "inter_node_gbps": 1.25}])
+    slow = PlanningContext(cluster_from_dict(h20), model_catalog().get("GPT-3-1.3B"), ctx.job,
+                           CostModel(cluster_from_dict(h20)))
+    # 32 of 48 H20 (faster than V100) share the batch as 32 V100 do, but over 1.25 GB/s NICs: the V100 train faster
+    assert {slow.classes[i].gpu.name for i in seeds.equal_share_type(slow)} == {"V100-SXM2-32GB"}
