@@ -72,13 +72,19 @@ SEED_ESTIMATES = 30
 Priced = tuple[Plan, Estimate]
 
 
+def gpu_types(ctx: PlanningContext) -> dict[str, list[int]]:
+    """The device classes of each GPU type (a type over several node sizes has several), in class order."""
+    types: dict[str, list[int]] = {}
+    for c in ctx.classes:
+        types.setdefault(c.gpu.name, []).append(c.index)
+    return types
+
+
 def class_subsets(ctx: PlanningContext, first: set[str] | None = None) -> list[tuple[int, ...]]:
     """Device classes planned together: the GPU types in ``first`` (the incumbent plan's types, when not all of
     them), then all classes, then each GPU type's classes alone (fastest type first)."""
     every = tuple(c.index for c in ctx.classes)
-    types: dict[str, list[int]] = {}
-    for c in ctx.classes:
-        types.setdefault(c.gpu.name, []).append(c.index)
+    types = gpu_types(ctx)
     out = [every] + [tuple(v) for v in types.values() if len(types) > 1]
     lead = tuple(c.index for c in ctx.classes if first and c.gpu.name in first)
     return list(dict.fromkeys([lead] + out)) if lead else out
@@ -115,9 +121,6 @@ def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
     gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
     net, grad_b = ctx.cost_model.network, 4.0 if ctx.job.precision == "fp32" else 2.0
     ep = ep_options(ctx.model, 1)[-1]
-    types: dict[str, list[int]] = {}
-    for c in ctx.classes:
-        types.setdefault(c.gpu.name, []).append(c.index)
 
     def step(v: list[int]) -> float:
         n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
@@ -130,7 +133,7 @@ def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
         return gbs // n * prof.time(0, L, True, True) + net.ring_all_reduce_time(
             n, nodes, ctx.model.num_params * grad_b, max(nodes.values()))
 
-    held = [tuple(v) for v in types.values() if holds_state(ctx, tuple(v), 1, 1)]
+    held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
     return min(held, key=lambda v: step(list(v)), default=None)
 
 
@@ -469,7 +472,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
     shallowest: list[tuple[tuple[int, ...], int, int]] = []
     # first, on several types, the one that shares the batch best, as Megatron's data parallelism would
-    best = equal_share_type(ctx) if multiple == 1 and len({c.gpu.name for c in ctx.classes}) > 1 else None
+    best = equal_share_type(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else None
     if best is not None:
         out += complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
