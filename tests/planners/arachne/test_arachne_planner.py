@@ -831,6 +831,10 @@ def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage()
     sixteen = Template((Group((Slot(0, 1, 1),), 16),))
     assert mbs_candidates(sixteen, Job(global_batch_size=384, sequence_length=1024), True) == [1, 2, 4, 8, 16, 32,
                                                                                                 12, 24]
+    # a lock-step stage of 200 replicas (a batch of 1,000 on 200 of 465 A100, fresh hold-out seed82/rob-015): no
+    # power of two is a multiple of 200; its own multiples, 1 or 5 sequences per replica, are the candidates
+    lock = Template((Group((Slot(0, 1, 200, 20),), 1),))
+    assert mbs_candidates(lock, Job(global_batch_size=1000, sequence_length=512)) == [200, 1000]
 
 
 def test_wide_rules_leave_out_the_classes_whose_nodes_are_too_narrow():

@@ -275,3 +275,31 @@ def test_the_type_that_shares_the_batch_best_is_seeded_first():
                            CostModel(cluster_from_dict(h20)))
     # 32 of 48 H20 (faster than V100) share the batch as 32 V100 do, but over 1.25 GB/s NICs: the V100 train faster
     assert {slow.classes[i].gpu.name for i in seeds.equal_share_type(slow)} == {"V100-SXM2-32GB"}
+
+
+def test_an_moe_models_type_first_seed_is_the_lock_step_stage_with_its_experts_parallel():
+    """fresh hold-out seed82/rob-015 (Qwen1.5-MoE-A2.7B, batch 1,000; 0.848x Megatron's grid): the type that shares
+    the batch best was seeded with its experts whole, which no 40 GB GPU holds; its lock-step form (200 replicas,
+    ep 20) is now seeded first, and its micro-batches (multiples of 200) exist."""
+    ctx = ctx_for([("A100-40", 25, 8, 25), ("V100-SXM2-32GB", 6, 8, 12.5)], model="Qwen1.5-MoE-A2.7B", gbs=1000,
+                  seq=512)
+    best = seeds.equal_share_type(ctx)
+    assert {ctx.classes[i].gpu.name for i in best} == {"A100-SXM4-40GB"}
+    assert seeds.complete_seed(seeds.uniform_template(ctx, best, 1, 1), ctx, 4, lambda _p: True) == []
+    cm = ctx.cost_model
+    found = seeds.seed_plans(ctx, Deadline(4, lambda: float(cm.estimates)))
+    (stage,) = found[0][0].pipelines[0].stages
+    assert stage.dp_size == 200 and stage.ep == 20 and len(found[0][0].pipelines) == 1
+
+
+def test_an_moe_model_sharded_at_its_shallowest_depth_is_also_seeded_whole_one_block_per_stage():
+    """fresh hold-out seed82/rob-021 (Qwen3-235B-A22B, batch 96, 103 single-GPU H100 nodes on 10 Gb/s beside slow
+    types; 0.838x): Megatron's grid runs one pipeline of 94 stages, one block each; the family stopped at the
+    shallowest depth that fits (three stages, experts sharded 32 ways across the NICs) and its depths ended at 32."""
+    assert seeds.seed_depths(94)[-2:] == (47, 94) and seeds.seed_depths(32) == seeds.STAGE_COUNTS
+    ctx = ctx_for([("H100", 100, 1, 1.25), ("RTX-4090", 8, 4, 6.25)], model="Qwen3-235B-A22B", gbs=96, seq=1024)
+    cm = ctx.cost_model
+    found = seeds.seed_plans(ctx, Deadline(60, lambda: float(cm.estimates)))
+    deep = [(p, e) for p, e in found if len(p.pipelines) == 1 and len(p.pipelines[0].stages) == 94]
+    assert deep and not any(seeds.sharded(p) for p, _ in deep)
+    assert max(e.tokens_per_s for _, e in deep) == max(e.tokens_per_s for _, e in found)

@@ -4,6 +4,7 @@ their speed (water-filling on each pipeline's fill and steady time), and the mic
 from __future__ import annotations
 
 import heapq
+from math import lcm
 
 from arachne.planners.arachne.template import (
     Template,
@@ -110,6 +111,11 @@ def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = F
     n_pipes = sum(g.replicas for g in template.groups)
     dps = {s.dp for g in template.groups for s in g.slots}
     choices = MBS_CHOICES + tuple(MBS_CHOICES[-1] * d for d in (2, 4, 8) if d <= max(dps))
+    # a lock-step stage's dp off the powers of two (200 replicas for a batch of 1000) divides none of them: its
+    # own multiples, 1-32 sequences per replica
+    wide = lcm(*dps)
+    if wide & (wide - 1):
+        choices += tuple(wide * k for k in MBS_CHOICES)
     gbs = job.global_batch_size
     # one or two micro-batches per pipeline where that is off the powers of two (24 sequences each for 16
     # data-parallel replicas of a batch of 384): the fewest, largest micro-batches
