@@ -110,6 +110,24 @@ def equal_share_subsets(ctx: PlanningContext, known: list[tuple[int, ...]],
     return [sub for _, _, sub in sorted(ranked)[:count]]
 
 
+def share_time(ctx: PlanningContext, classes: Sequence[int], n: int, tp: int, stages: int, ep: int) -> float:
+    """The depth rule's quick guess of an iteration with the batch shared evenly over ``n`` replicas of a ``stages``
+    x ``tp`` pipeline on ``classes`` (their nodes filled in order): the first class's profile for a replica's
+    sequences, one stage's share of the layers, plus a stage's gradient all-reduce over the nodes its replicas
+    take (the NICs: 32 H200 in nodes of 8 behind slow links lose to 32 in nodes of 2 behind fast ones)."""
+    gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
+    grad_b = 4.0 if ctx.job.precision == "fp32" else 2.0
+    nodes: dict[str, int] = {}
+    for i in classes:
+        per = max(1, ctx.classes[i].node_size // tp)
+        for node in ctx.classes[i].nodes:
+            if sum(nodes.values()) < n:
+                nodes[node] = min(per, n - sum(nodes.values()))
+    prof = ctx.slot_profile(classes[0], tp, 1, ep, 1, 1, n, False)
+    return gbs // n * prof.time(0, L, True, True) / stages + ctx.cost_model.network.ring_all_reduce_time(
+        n, nodes, ctx.model.num_params * grad_b / (stages * tp), max(nodes.values()))
+
+
 def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
     """The classes of the GPU type that trains fastest with the batch shared evenly over its GPUs at tp 1 and one
     stage (None: no type holds the model so): the most of them whose number divides the batch, each its share
@@ -118,20 +136,12 @@ def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
     all classes together, at every tp and depth; on a large cluster of many types its time can run out first,
     while Megatron's grid over that type (data parallel over 32 of 40 H100 for a batch of 128, a fresh
     hold-out) is the plan to beat."""
-    gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
-    net, grad_b = ctx.cost_model.network, 4.0 if ctx.job.precision == "fp32" else 2.0
+    gbs = ctx.job.global_batch_size
     ep = ep_options(ctx.model, 1)[-1]
 
     def step(v: list[int]) -> float:
         n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
-        nodes: dict[str, int] = {}
-        for i in v:
-            for node in ctx.classes[i].nodes:
-                if sum(nodes.values()) < n:
-                    nodes[node] = min(ctx.classes[i].node_size, n - sum(nodes.values()))
-        prof = ctx.slot_profile(v[0], 1, 1, ep, 1, 1, n, False)
-        return gbs // n * prof.time(0, L, True, True) + net.ring_all_reduce_time(
-            n, nodes, ctx.model.num_params * grad_b, max(nodes.values()))
+        return share_time(ctx, v, n, 1, 1, ep)
 
     held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
     return min(held, key=lambda v: step(list(v)), default=None)
@@ -182,6 +192,13 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
         return None
     groups = []
     for first, _ in pools(ctx, subset, tp):
+        kin = [i for i in subset if ctx.classes[i].gpu.name == ctx.classes[first].gpu.name
+               and slot_fits_nodes(tp, ctx.classes[i].node_size) and lockstep_dp(ctx, i, tp, stages) > 1]
+        if len(kin) > 1:  # a type over node sizes: the class whose lock-step form the quick guess prices fastest
+            first = min(kin, key=lambda i: share_time(ctx, [i], lockstep_dp(ctx, i, tp, stages), tp, stages, max(
+                ep_options(ctx.model, lockstep_dp(ctx, i, tp, stages)))))
+        elif kin:
+            first = kin[0]
         dp = lockstep_dp(ctx, first, tp, stages)
         if dp > 1:
             ep = max(ep_options(ctx.model, dp))

