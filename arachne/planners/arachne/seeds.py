@@ -27,7 +27,7 @@ from itertools import combinations
 
 from arachne.cost import Estimate
 from arachne.cost.memory import state_bytes_per_param
-from arachne.plan import PLAN_FORMAT_V2, Plan
+from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS
 from arachne.planners.arachne.completion.batch import mbs_candidates
 from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize, recomputes
@@ -36,6 +36,13 @@ from arachne.planners.arachne.completion.price import build_plan, split_and_shar
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.rules_view import template_ok
+from arachne.planners.arachne.seed_forms import (
+    even_counts,
+    expert_parallel_forms,
+    merged,
+    overlapped,
+    sharded,
+)
 from arachne.planners.arachne.template import (
     Group,
     Slot,
@@ -181,10 +188,12 @@ def lockstep_dp(ctx: PlanningContext, cls: int, tp: int, stages: int) -> int:
                  if gbs % d == 0 and slot_fits_nodes(tp * d, c.node_size)), 1)
 
 
-def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
+def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int,
+                      priced: dict | None = None) -> Template | None:
     """An MoE model's Megatron form built as one: per GPU type of ``subset``, one pipeline of ``stages`` stages of
-    ``tp`` GPUs on the type's first class whose stages are data parallel over as many replicas as divide the batch (and
-    pack into nodes, :func:`lockstep_dp`), the experts parallel over the largest degree allowed: a depth that fits only
+    ``tp`` GPUs on one class of the type (:func:`lockstep_class`; ``priced`` its cache) whose stages are data parallel
+    over as many replicas as divide the batch (and pack into nodes, :func:`lockstep_dp`), the experts parallel over
+    the largest degree allowed: a depth that fits only
     with the experts sharded (DeepSeek-MoE-16B's 16 GB of weights on 32 GB parts at one stage) is built here, not at ep
     1 and then converted (:func:`expert_parallel_forms` prices the smaller degrees). None for a dense model or where no
     type holds one."""
@@ -194,17 +203,36 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
     for first, _ in pools(ctx, subset, tp):
         kin = [i for i in subset if ctx.classes[i].gpu.name == ctx.classes[first].gpu.name
                and slot_fits_nodes(tp, ctx.classes[i].node_size) and lockstep_dp(ctx, i, tp, stages) > 1]
-        if len(kin) > 1:  # a type over node sizes: the class whose lock-step form the quick guess prices fastest
-            first = min(kin, key=lambda i: share_time(ctx, [i], lockstep_dp(ctx, i, tp, stages), tp, stages, max(
-                ep_options(ctx.model, lockstep_dp(ctx, i, tp, stages)))))
-        elif kin:
-            first = kin[0]
+        if kin:  # a type over node sizes: the class whose lock-step form prices fastest
+            first = lockstep_class(ctx, kin, tp, stages, priced)
         dp = lockstep_dp(ctx, first, tp, stages)
         if dp > 1:
             ep = max(ep_options(ctx.model, dp))
             groups.append(Group((Slot(first, tp, dp=dp, ep=ep),) * stages, 1))
     tpl = Template(tuple(groups))
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
+
+
+def lockstep_class(ctx: PlanningContext, kin: list[int], tp: int, stages: int, priced: dict | None = None) -> int:
+    """Of a GPU type's classes ``kin`` (its node sizes), the one whose lock-step form (:func:`lockstep_template`)
+    prices fastest at its largest micro-batch, the first on a tie; ``priced``: a cache by (class, tp, stages).
+    Priced, not guessed: what sets the pace is the NIC a GPU shares with its node's others, for the gradients and
+    the experts' all-to-alls (fresh hold-outs: 32 H200 in nodes of 8 behind 100 Gb/s lost to 32 in nodes of 2
+    behind 800 Gb/s, 0.888x; ep 64 over H100 in nodes of 2 beat it over nodes of 8 on the same NICs, 0.931x)."""
+    if len(kin) == 1:
+        return kin[0]
+    cache = {} if priced is None else priced
+
+    def speed(i: int) -> float:
+        if (i, tp, stages) not in cache:
+            d = lockstep_dp(ctx, i, tp, stages)
+            t = Template((Group((Slot(i, tp, dp=d, ep=max(ep_options(ctx.model, d))),) * stages, 1),))
+            sizes = mbs_candidates(t, ctx.job)
+            cache[i, tp, stages] = max((e.tokens_per_s for _, e in complete_seed(
+                t, ctx, max(sizes), lambda _p: True)), default=0.0) if sizes else 0.0
+        return cache[i, tp, stages]
+
+    return max(kin, key=lambda i: (speed(i), -kin.index(i)))
 
 
 def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int,
@@ -256,69 +284,6 @@ def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stage
         tpl = Template((Group(slots, reps),))
         return tpl if tpl.fits_counts(ctx.classes) else None
     return None
-
-
-def even_counts(counts: list[int]) -> list[int] | None:
-    """The same micro-batch count for every pipeline (Megatron's data parallelism), or None where the total
-    does not divide evenly (or the counts already are even)."""
-    n, total = len(counts), sum(counts)
-    if n == 0 or total % n or len(set(counts)) == 1:
-        return None
-    return [total // n] * n
-
-
-def overlapped(plan: Plan) -> Plan:
-    """``plan`` with the gradient reduction (and, with ZeRO, the parameter gather) overlapped where layers are
-    replicated, as every modern framework runs data parallelism."""
-    if len(plan.pipelines) < 2 and all(st.dp_size < 2 for p in plan.pipelines for st in p.stages):
-        return plan
-    return plan.model_copy(update={"overlap_grad_reduce": True, "overlap_param_gather": plan.zero_stage >= 1,
-                                   "format": PLAN_FORMAT_V2})
-
-
-def merged(plan: Plan) -> Plan | None:
-    """Pipelines of one shape (stages, their tp, dp and ep, micro-batch count) as one pipeline whose stages are
-    data parallel over all of them, on the last pipeline's layer split (the slowest class's: classes come fastest
-    first): Megatron's form, where replicas of a stage run in lock step and the gradient reduction hides behind the
-    slowest one's backward. None where the pipelines differ in shape (or there is only one)."""
-    pipes = plan.pipelines
-    if len(pipes) < 2:
-        return None
-    first = pipes[0]
-
-    def shape(p) -> tuple:
-        return (len(p.stages), p.micro_batches, p.micro_batch_size, p.virtual_stages,
-                tuple((st.tp, st.dp_size, st.ep) for st in p.stages))
-
-    if any(shape(p) != shape(first) for p in pipes) or first.micro_batch_size is not None:
-        return None
-    base = pipes[-1]
-    stages = []
-    for si, st in enumerate(base.stages):
-        devices = tuple(d for p in pipes for d in p.stages[si].devices)
-        dp = sum(p.stages[si].dp_size for p in pipes)
-        stages.append(st.model_copy(update={"devices": devices, "dp": dp if dp > 1 else None}))
-    pipe = base.model_copy(update={"stages": tuple(stages)})
-    return plan.model_copy(update={"pipelines": (pipe,), "micro_batch_size": plan.micro_batch_size * len(pipes)})
-
-
-SEED_EPS = (2, 4, 8, 16, 32, 64)
-"""Expert-parallel degrees the lock-step form of an MoE seed is also priced at (where every stage's dp allows),
-besides ep 1 and the largest degree allowed: Megatron's grid searches ep over its data-parallel replicas."""
-
-
-def expert_parallel_forms(plan: Plan, ctx: PlanningContext) -> list[Plan]:
-    """``plan`` (a lock-step seed of an MoE model) with its experts parallel over each degree of
-    :data:`SEED_EPS` and the largest allowed (:func:`~.template.ep_options` of the smallest stage dp), largest
-    first; none for a dense model."""
-    if not ctx.model.is_moe:
-        return []
-    dps = [st.dp_size for p in plan.pipelines for st in p.stages]
-    allowed = [e for e in ep_options(ctx.model, min(dps)) if e > 1 and all(d % e == 0 for d in dps)]
-    eps = sorted({e for e in allowed if e in SEED_EPS} | set(allowed[-1:]), reverse=True)
-    return [plan.model_copy(update={"pipelines": tuple(
-        p.model_copy(update={"stages": tuple(st.model_copy(update={"ep": e}) for st in p.stages)})
-        for p in plan.pipelines)}) for e in eps]
 
 
 def _placed(t: Template, ctx: PlanningContext, cache: dict) -> list:
@@ -440,11 +405,6 @@ def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: 
                for first, n in pools(ctx, subset, tp) if n >= stages * tp)
 
 
-def sharded(plan: Plan) -> bool:
-    """Whether some stage of ``plan`` runs its experts parallel (ep > 1)."""
-    return any(st.ep > 1 for p in plan.pipelines for st in p.stages)
-
-
 def seed_depths(num_layers: int) -> tuple[int, ...]:
     """The depths the family tries, shallowest first: :data:`STAGE_COUNTS`, then two layers and one layer per stage
     (a model that fits no depth up to 32 on a type: Qwen3-235B's 94 blocks on 103 single-GPU H100 nodes train as
@@ -475,7 +435,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
     def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
         # (the uniform template's merged form is priced too: over a type's node sizes its dp is the larger one)
-        lock = lockstep_template(ctx, subset, tp, S)
+        lock = lockstep_template(ctx, subset, tp, S, priced)
         tpls = [lock, uniform_template(ctx, subset, tp, S)]
         if lock is not None and len(lock.groups) > 1:  # each type's lock-step pipeline alone, at once (a slow
             tpls[1:1] = [Template((g,)) for g in lock.groups]  # type's replicas can cost more than they add)
@@ -506,18 +466,31 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     def unsharded(subset: tuple[int, ...], tp: int, S: int) -> list[Priced]:
         """An MoE model that fits at depth ``S`` only with its experts sharded: each type also as one pipeline as
         deep as its GPUs allow, every expert whole (no gradient all-reduce, no token across a NIC: Megatron's grid
-        runs Qwen3-235B's 94 blocks on 94 single-GPU H100 nodes so, for a batch of 96). One template per type:
-        searching the shallowest depth that holds every expert cost three stored cases 13-16% of their time."""
-        return complete_all([Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * min(L, n // tp),
-                                             1),))
-                             for first, n in pools(ctx, subset, tp)
-                             if n // tp > S and holds_state(ctx, same_type(first), tp, min(L, n // tp), sharded=False)])
+        runs Qwen3-235B's 94 blocks on 94 single-GPU H100 nodes so, for a batch of 96), once per type, and only
+        where its ceiling (every stage busy, no bubble, no communication) beats the fastest seed so far: pricing
+        it on every MoE case cost a grid case 12% of its plan (the time it took)."""
+        best = max((e.tokens_per_s for _, e in out), default=0.0)
+
+        def ceiling(first: int, depth: int) -> float:  # every stage busy, one block's share each: no bubble, no comm
+            prof = ctx.slot_profile(first, tp, 1, 1, 1, 1, 1, False)
+            return depth * ctx.job.sequence_length / prof.time(0, L, True, True)
+
+        tpls = [Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * min(L, n // tp), 1),))
+                for first, n in pools(ctx, subset, tp)
+                if n // tp > S and holds_state(ctx, same_type(first), tp, min(L, n // tp), sharded=False)
+                and ceiling(first, min(L, n // tp)) > best]
+        fresh = [t for t in tpls if t not in whole]  # a type's pipeline once, whichever subsets hold it
+        whole.update(fresh)
+        return complete_all(fresh)
 
     shallowest: list[tuple[tuple[int, ...], int, int]] = []
+    priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
+    whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
     # first, on several types, the one that shares the batch best, as Megatron's data parallelism would
     best = equal_share_type(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else None
     if best is not None:
-        out += complete_all([lockstep_template(ctx, best, 1, 1), uniform_template(ctx, best, 1, 1)], quick=True)
+        out += complete_all([lockstep_template(ctx, best, 1, 1, priced), uniform_template(ctx, best, 1, 1)],
+                            quick=True)
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         node = min(ctx.classes[i].node_size for i in subset)
         # tp ascending (the fewest collectives first); with cp (``multiple``) descending: at long sequences the

@@ -135,9 +135,9 @@ def test_a_cp_depth_that_fits_only_recomputing_is_followed_by_one_deeper_at_once
     tried: list[tuple[int, int, int]] = []
     real = seeds.lockstep_template
 
-    def spy(pctx, subset, tp, S):
+    def spy(pctx, subset, tp, S, *rest):
         tried.append((ctx.job.sequence_length // pctx.job.sequence_length, tp, S))
-        return real(pctx, subset, tp, S)
+        return real(pctx, subset, tp, S, *rest)
 
     monkeypatch.setattr(seeds, "lockstep_template", spy)
     found = lc.cp_seed_plans(ctx, Deadline(30), None, lambda _p: True, None, None)
