@@ -121,7 +121,8 @@ def share_time(ctx: PlanningContext, classes: Sequence[int], n: int, tp: int, st
     """The depth rule's quick guess of an iteration with the batch shared evenly over ``n`` replicas of a ``stages``
     x ``tp`` pipeline on ``classes`` (their nodes filled in order): the first class's profile for a replica's
     sequences, one stage's share of the layers, plus a stage's gradient all-reduce over the nodes its replicas
-    take (the NICs: 32 H200 in nodes of 8 behind slow links lose to 32 in nodes of 2 behind fast ones)."""
+    take, each node's replicas counted as rings sharing its NIC (sync.py counts tp rings: a coarser guess, kept
+    as the type-first seed was measured with it; the lock-step class is priced, :func:`lockstep_class`)."""
     gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
     grad_b = 4.0 if ctx.job.precision == "fp32" else 2.0
     nodes: dict[str, int] = {}

@@ -306,7 +306,7 @@ def test_an_moe_model_sharded_at_its_shallowest_depth_is_also_seeded_whole_one_b
     assert max(e.tokens_per_s for _, e in deep) == max(e.tokens_per_s for _, e in found)
 
 
-def test_a_lock_step_stage_takes_the_class_of_its_type_the_quick_guess_prices_fastest():
+def test_a_lock_step_stage_takes_the_class_of_its_type_behind_the_fast_nics():
     """fresh hold-out seed83/rob-020 (GPT-OSS-20B, batch 64; 0.888x Megatron's dp 32 x ep 8 on the H200 in nodes
     of 2): the lock-step form took a type's first class, the H200 in nodes of 8 behind 100 Gb/s NICs, where
     the gradient all-reduce alone took 8 s; the H200 in nodes of 2 have 800 Gb/s. Tuned on that case."""
