@@ -389,14 +389,15 @@ def gpus_used(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: in
     return sum(n // (stages * tp) * stages * tp for _, n in pools(ctx, subset, tp))
 
 
-def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int, sharded: bool = True) -> bool:
+def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int,
+                experts_sharded: bool = True) -> bool:
     """A necessary condition for the family's templates to fit: some type's pipeline holds the weights and
     gradients of every layer (ZeRO-1 shards only the optimizer state; an MoE model's routed experts are sharded
-    as :func:`lockstep_template` shards them, unless not ``sharded``) within its GPUs' memory; shallower depths
-    of a large model are skipped without completing them."""
+    as :func:`lockstep_template` shards them, unless not ``experts_sharded``) within its GPUs' memory; shallower
+    depths of a large model are skipped without completing them."""
     w, g, _ = state_bytes_per_param(ctx.job.precision, ctx.cost_model.cal.memory)
     model = ctx.model
-    routed = sum(model.block_expert_params(i) for i in range(model.num_layers)) if sharded else 0
+    routed = sum(model.block_expert_params(i) for i in range(model.num_layers)) if experts_sharded else 0
 
     def need(first: int, n: int) -> float:  # an MoE model's routed experts over the largest ep allowed lock-step
         ep = max(ep_options(model, lockstep_dp(ctx, first, tp, stages))) if routed else 1
@@ -478,7 +479,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
         tpls = [Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * min(L, n // tp), 1),))
                 for first, n in pools(ctx, subset, tp)
-                if n // tp > S and holds_state(ctx, same_type(first), tp, min(L, n // tp), sharded=False)
+                if n // tp > S and holds_state(ctx, same_type(first), tp, min(L, n // tp), experts_sharded=False)
                 and ceiling(first, min(L, n // tp)) > best]
         fresh = [t for t in tpls if t not in whole]  # a type's pipeline once, whichever subsets hold it
         whole.update(fresh)
