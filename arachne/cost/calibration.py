@@ -105,7 +105,7 @@ class NetworkCalibration:
     # Ring collectives (all-reduce, all-gather, reduce-scatter): a fixed start plus one step latency per ring step,
     # 2(n-1) steps for an all-reduce of which 2(N-1) cross nodes. NCCL's own tuning model, Simple protocol:
     # baseLat 8.4 us, hwLat ring NVLink 3.4 us, network 9.6 us (src/graph/tuning.cc, NCCL 2.8-era table). The
-    # 10/30 us latencies above stay for point-to-point sends and all-to-all.
+    # 10/30 us latencies above stay for point-to-point sends.
     ring_base_latency_s: float = 8.4e-6
     ring_step_latency_intra_s: float = 3.4e-6
     ring_step_latency_inter_s: float = 9.6e-6
@@ -117,7 +117,14 @@ class NetworkCalibration:
     # (S. Jeaugey, NVIDIA/nccl#1598): inside a node they reach this share of the ring's bandwidth. Fitted on the
     # calibration half of data/nccl/measurements.json (single-node send/recv and all-to-all records, sizes >= 64 MiB;
     # ``python -m benchmarks cost-model collectives`` prints the refit), never on the check half.
-    p2p_intra_share: float = 0.82
+    p2p_intra_share: float = 0.84
+    # All-to-all latency: NCCL posts every peer's send and receive at once (grouped p2p), so the peers' latencies
+    # overlap; what remains is a per-peer cost (a step per peer on the channels) and, across nodes, a start (the
+    # network proxy). Fitted on the calibration half of data/nccl/measurements.json (all-to-all records, sizes
+    # >= 1 MB; ``python -m benchmarks cost-model collectives`` prints the refit), never on the check half.
+    a2a_base_latency_inter_s: float = 120e-6
+    a2a_peer_latency_inter_s: float = 7e-6
+    a2a_peer_latency_intra_s: float = 3.25e-6
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,9 @@ class Network:
         k = max(nodes.values())
         intra_bw = min(self.rates[name].p2p for name in nodes)  # NCCL runs all-to-all on its p2p channels
         t_intra = nbytes * (k - 1) / n / intra_bw
-        lat = (n - 1) * (self.cal.intra_node_latency_s if len(nodes) == 1 else self.cal.inter_node_latency_s)
+        c = self.cal
+        lat = (n - 1) * c.a2a_peer_latency_intra_s if len(nodes) == 1 else \
+            c.a2a_base_latency_inter_s + (n - 1) * c.a2a_peer_latency_inter_s
         if len(nodes) == 1:
             return t_intra + lat
         cross = nbytes * (n - k) / n * cross_fraction  # bytes each member sends off its node

@@ -161,7 +161,8 @@ def test_all_to_all_across_nodes_runs_at_one_nic_per_gpu():
     S = 2**30
     t = Network(cl, CAL).all_to_all_time(devices(cl), S)
     per_gpu_nic = 50e9 * CAL.roce_nic_efficiency
-    assert t == pytest.approx(S / 2 / per_gpu_nic + 15 * CAL.inter_node_latency_s, rel=1e-9)
+    lat = CAL.a2a_base_latency_inter_s + 15 * CAL.a2a_peer_latency_inter_s
+    assert t == pytest.approx(S / 2 / per_gpu_nic + lat, rel=1e-9)
 
 
 def test_fabric_kind_sets_the_nic_efficiency_and_the_document_field():
