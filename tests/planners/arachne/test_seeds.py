@@ -338,3 +338,23 @@ def test_a_lock_step_stage_takes_the_class_of_its_type_whose_form_prices_fastest
     n = ctx.cost_model.estimates
     seeds.lockstep_template(ctx, (wide, narrow), 1, 1, cache)
     assert ctx.cost_model.estimates == n  # the choice is priced once per (class, tp, depth)
+
+
+def test_the_type_first_seed_also_tries_half_the_replicas_where_the_gradient_sync_dominates():
+    """fresh hold-out seed85/rob-015 (OPT-350M, a batch of 64 x 512 tokens, 44 H100 PCIe in nodes of 8 and 4 beside
+    slower types; 0.972x Megatron's grid): the type-first seed ran 32 replicas over five nodes, where the gradient
+    all-reduce outweighs the compute; 16 replicas on two nodes of 8 price faster and are now seeded."""
+    ctx = ctx_for([("H100-PCIE-80GB", 3, 8, 50), ("H100-PCIE-80GB", 5, 4, 50), ("L4", 3, 8, 12.5),
+                   ("A10G", 7, 4, 1.25)], model="OPT-350", gbs=64, seq=512)
+    best = seeds.equal_share_type(ctx)
+    assert {ctx.classes[i].gpu.name for i in best} == {"H100-PCIE-80GB"}
+    cm = ctx.cost_model
+    found = seeds.seed_plans(ctx, Deadline(0.05, WorkClock(ctx.work, cm)))
+    one_stage = [(p, e) for p, e in found if len(p.pipelines) == 1 and len(p.pipelines[0].stages) == 1]
+    by_dp: dict[int, float] = {}
+    for p, e in one_stage:
+        dp = p.pipelines[0].stages[0].dp_size
+        by_dp[dp] = max(by_dp.get(dp, 0.0), e.tokens_per_s)
+    assert 32 in by_dp and 16 in by_dp and by_dp[16] > by_dp[32]
+    p16 = max((r for r in one_stage if r[0].pipelines[0].stages[0].dp_size == 16), key=lambda r: r[1].tokens_per_s)[0]
+    assert len({d.split(":")[0] for d in p16.pipelines[0].stages[0].devices}) == 2  # two nodes of 8

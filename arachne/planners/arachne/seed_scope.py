@@ -1,0 +1,153 @@
+"""What the seed family (:mod:`.seeds`) covers: the GPU types and class subsets it starts from, the type the batch
+shares best over, the depths it tries, and whether a depth can hold the model's state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import combinations
+
+from arachne.cost.memory import state_bytes_per_param
+from arachne.planners.arachne.actions import STAGE_COUNTS
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.template import ep_options, slot_fits_nodes
+
+EQUAL_SHARE_SUBSETS = 2
+"""Class subsets whose GPUs divide the batch evenly, seeded as one data-parallel stage (:func:`equal_share_subsets`)."""
+EQUAL_SHARE_CLASSES = 10
+"""The fastest classes those subsets are drawn from (2^10 subsets at most)."""
+
+
+def gpu_types(ctx: PlanningContext) -> dict[str, list[int]]:
+    """The device classes of each GPU type (a type over several node sizes has several), in class order."""
+    types: dict[str, list[int]] = {}
+    for c in ctx.classes:
+        types.setdefault(c.gpu.name, []).append(c.index)
+    return types
+
+
+def class_subsets(ctx: PlanningContext, first: set[str] | None = None) -> list[tuple[int, ...]]:
+    """Device classes planned together: the GPU types in ``first`` (the incumbent plan's types, when not all of
+    them), then all classes, then each GPU type's classes alone (fastest type first)."""
+    every = tuple(c.index for c in ctx.classes)
+    types = gpu_types(ctx)
+    out = [every] + [tuple(v) for v in types.values() if len(types) > 1]
+    lead = tuple(c.index for c in ctx.classes if first and c.gpu.name in first)
+    return list(dict.fromkeys([lead] + out)) if lead else out
+
+
+def equal_share_subsets(ctx: PlanningContext, known: list[tuple[int, ...]],
+                        count: int = EQUAL_SHARE_SUBSETS) -> list[tuple[int, ...]]:
+    """Class subsets whose GPUs divide the batch, so that one data-parallel stage over them gives every GPU the
+    same number of sequences (as ``megatron-oblivious`` runs it over the GPUs it picks), not in ``known``: the
+    ``count`` with the most GPUs times their slowest GPU's peak rate (lock-step, the slowest sets the pace).
+    The prefixes by type of :func:`class_subsets` rarely divide the batch: 12 L40S and a 4-GPU H20 node do (32
+    sequences, 2 per GPU), 12 L40S and both H20 nodes do not. Only over the :data:`EQUAL_SHARE_CLASSES` fastest
+    classes (the subsets are enumerated)."""
+    gbs, precision = ctx.job.global_batch_size, ctx.job.precision
+    fast = sorted(ctx.classes, key=lambda c: -c.gpu.peak_flops(precision))[:EQUAL_SHARE_CLASSES]
+    seen, ranked = set(map(frozenset, known)), []
+    for r in range(1, len(fast) + 1):
+        for sub in combinations(fast, r):
+            n = sum(c.count for c in sub)
+            if n > 1 and gbs % n == 0 and frozenset(c.index for c in sub) not in seen:
+                ranked.append((-n * min(c.gpu.peak_flops(precision) for c in sub), n,
+                               tuple(sorted(c.index for c in sub))))
+    return [sub for _, _, sub in sorted(ranked)[:count]]
+
+
+def share_time(ctx: PlanningContext, classes: Sequence[int], n: int, tp: int, stages: int, ep: int) -> float:
+    """The depth rule's quick guess of an iteration with the batch shared evenly over ``n`` replicas of a ``stages``
+    x ``tp`` pipeline on ``classes`` (their nodes filled in order): the first class's profile for a replica's
+    sequences, one stage's share of the layers, plus a stage's gradient all-reduce over the nodes its replicas
+    take, each node's replicas counted as rings sharing its NIC (sync.py counts tp rings: a coarser guess, kept
+    as the type-first seed was measured with it; the lock-step class is priced, :func:`lockstep_class`)."""
+    gbs, L = ctx.job.global_batch_size, ctx.model.num_layers
+    grad_b = 4.0 if ctx.job.precision == "fp32" else 2.0
+    nodes: dict[str, int] = {}
+    for i in classes:
+        per = max(1, ctx.classes[i].node_size // tp)
+        for node in ctx.classes[i].nodes:
+            if sum(nodes.values()) < n:
+                nodes[node] = min(per, n - sum(nodes.values()))
+    prof = ctx.slot_profile(classes[0], tp, 1, ep, 1, 1, n, False)
+    return gbs // n * prof.time(0, L, True, True) / stages + ctx.cost_model.network.ring_all_reduce_time(
+        n, nodes, ctx.model.num_params * grad_b / (stages * tp), max(nodes.values()))
+
+
+def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
+    """The classes of the GPU type that trains fastest with the batch shared evenly over its GPUs at tp 1 and one
+    stage (None: no type holds the model so): the most of them whose number divides the batch, each its share
+    of sequences (the depth rule's quick guess: its first class's profile, one sequence at a time) and the
+    gradients all-reduced over their nodes. The family reaches a type alone only after the incumbent's types and
+    all classes together, at every tp and depth; on a large cluster of many types its time can run out first,
+    while Megatron's grid over that type (data parallel over 32 of 40 H100 for a batch of 128, a fresh
+    hold-out) is the plan to beat."""
+    gbs = ctx.job.global_batch_size
+    ep = ep_options(ctx.model, 1)[-1]
+
+    def step(v: list[int]) -> float:
+        n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
+        return share_time(ctx, v, n, 1, 1, ep)
+
+    held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
+    return min(held, key=lambda v: step(list(v)), default=None)
+
+
+def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[int, int]]:
+    """(first class, GPUs) per GPU type of ``subset``: the type's classes whose nodes hold ``tp`` GPUs, as one pool
+    (a type split across node sizes, 142 H200 in nodes of 5 and 8, makes one set of identical pipelines)."""
+    out: dict[str, tuple[int, int]] = {}
+    for i in subset:
+        c = ctx.classes[i]
+        if slot_fits_nodes(tp, c.node_size):
+            first, n = out.get(c.gpu.name, (i, 0))
+            out[c.gpu.name] = (first, n + c.count)
+    return list(out.values())
+
+
+def lockstep_dp(ctx: PlanningContext, cls: int, tp: int, stages: int) -> int:
+    """The data-parallel degree of a lock-step pipeline of ``stages`` x ``tp`` GPUs on device class ``cls``: the
+    most replicas that divide the batch and pack into the class's nodes (1: none). One class: placement takes
+    a slot's GPUs from one class, so a lock-step stage cannot span a type's node sizes."""
+    c, gbs = ctx.classes[cls], ctx.job.global_batch_size
+    return next((d for d in range(c.count // (stages * tp), 1, -1)
+                 if gbs % d == 0 and slot_fits_nodes(tp * d, c.node_size)), 1)
+
+
+def gpus_used(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> int:
+    """GPUs of ``subset`` that :func:`uniform_template` puts to work at (``tp``, ``stages``)."""
+    return sum(n // (stages * tp) * stages * tp for _, n in pools(ctx, subset, tp))
+
+
+def holds_state(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int,
+                experts_sharded: bool = True) -> bool:
+    """A necessary condition for the family's templates to fit: some type's pipeline holds the weights and
+    gradients of every layer (ZeRO-1 shards only the optimizer state; an MoE model's routed experts are sharded
+    as :func:`lockstep_template` shards them, unless not ``experts_sharded``) within its GPUs' memory; shallower
+    depths of a large model are skipped without completing them."""
+    w, g, _ = state_bytes_per_param(ctx.job.precision, ctx.cost_model.cal.memory)
+    model = ctx.model
+    routed = sum(model.block_expert_params(i) for i in range(model.num_layers)) if experts_sharded else 0
+
+    def need(first: int, n: int) -> float:  # an MoE model's routed experts over the largest ep allowed lock-step
+        ep = max(ep_options(model, lockstep_dp(ctx, first, tp, stages))) if routed else 1
+        return (model.num_params - routed + routed / ep) * (w + g)
+
+    return any(stages * tp * ctx.classes[first].gpu.memory_bytes >= need(first, n)
+               for first, n in pools(ctx, subset, tp) if n >= stages * tp)
+
+
+def seed_depths(num_layers: int) -> tuple[int, ...]:
+    """The depths the family tries, shallowest first: :data:`STAGE_COUNTS`, then two layers and one layer per stage
+    (a model that fits no depth up to 32 on a type: Qwen3-235B's 94 blocks on 103 single-GPU H100 nodes train as
+    Megatron's grid runs them, one block per stage)."""
+    deep = (-(-num_layers // 2), num_layers)
+    return tuple(sorted(set(STAGE_COUNTS) | {d for d in deep if d > STAGE_COUNTS[-1]}))
+
+
+def next_depth(ctx: PlanningContext, subset: tuple[int, ...], tp: int, first: int) -> int | None:
+    """The depth after the shallowest that fits (``first``), up to twice as deep, that leaves the fewest GPUs idle
+    (ties: the shallower): 142 GPUs of one type make 10 pipelines of 14 stages, not 11 of 12."""
+    deeper = range(first + 1, min(ctx.model.num_layers, 2 * first) + 1)
+    best = max(deeper, key=lambda S: (gpus_used(ctx, subset, tp, S), -S), default=None)
+    return best if best is not None and gpus_used(ctx, subset, tp, best) > 0 else None
