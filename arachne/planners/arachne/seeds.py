@@ -11,13 +11,13 @@ micro-batches of four sequences each, partial recomputation) beat the search by 
 So the planner always prices, within a small share of its target on the work clock, the uniform grid family:
 the same (tp, pipeline depth) on every GPU type together (each type its own pipelines, a type split across node
 sizes pooled) and on each type alone, starting from the incumbent plan's types and tp degrees, at the
-shallowest depth that fits and the next depth that leaves the fewest GPUs idle, with as many pipelines as
-divide the batch (Megatron's dp must) and as many as fit, at the largest micro-batch sizes and the fastest by
-the completion's time model, the batch shared by the completion's rule and evenly, also in Megatron's
-lock-step form (one pipeline whose stages are data parallel over all replicas; an MoE model's built as one
-with its experts parallel, and at several expert-parallel degrees), each with the gradient reduction
-overlapped. The best few then get the knobs (:func:`~.completion.modern.modernize`:
-per-stage recomputation, ZeRO, ...). Every estimate is counted by the work clock (the cost model's counters),
+shallowest depth that fits and the next depth that leaves the fewest GPUs idle (deeper again while that is
+faster), with as many pipelines as divide the batch (Megatron's dp must) and as many as fit, at the largest
+micro-batch sizes and the fastest by the completion's time model, the batch shared by the completion's rule and
+evenly, also in Megatron's lock-step form (one pipeline whose stages are data parallel over all replicas; an MoE
+model's built as one with its experts parallel, and at several expert-parallel degrees), each with the gradient
+reduction overlapped. The best few then get the knobs (:func:`~.completion.modern.modernize`: per-stage
+recomputation, ZeRO, ...). Every estimate is counted by the work clock (the cost model's counters),
 and the layer splits and placements by ``ctx.work``."""
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ LONG_SEED_SHARE = 0.3
 """The same for sequences of :data:`~.completion.modern.LONG_SEQUENCE` tokens or more, where half of it goes to
 the context-parallel family (:mod:`.long_context`): the search has no cp."""
 SEED_DEPTHS = 2
-"""Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`."""
+"""Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`; deeper again
+(each :func:`next_depth` of the last) while the deeper depth prices faster."""
 SEED_SIZES = 3
 """Micro-batch sizes per template (:func:`seed_sizes`)."""
 MIXED_LOCKSTEP_DEGREES = 2
@@ -328,7 +329,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                convert: Callable[[Plan], Plan | None] | None = None, mixed: bool = False) -> list[Priced]:
     """The uniform grid family (module docstring), priced while ``deadline`` lasts: every fitting plan. Per class
     subset (:func:`class_subsets`, ``first`` the GPU types to start from) and tp (``tps`` first, then the rest
-    ascending), the shallowest depth of :func:`seed_depths` that fits; then each one :func:`next_depth`.
+    ascending), the shallowest depth of :func:`seed_depths` that fits; then each one :func:`next_depth`, again while
+    the deeper one prices faster.
     ``multiple`` and ``convert``: see :func:`batch_shares` and :func:`complete_seed`; ``mixed``: at each depth
     the type-oblivious pipeline (:func:`mixed_template`) too."""
     L = ctx.model.num_layers
@@ -404,7 +406,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             found, lead, reps = found + got, max(got, key=lambda r: r[1].tokens_per_s)[1], reps // 2
         return found
 
-    shallowest: list[tuple[tuple[int, ...], int, int]] = []
+    shallowest: list[tuple[tuple[int, ...], int, int, float]] = []
     priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
     whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
     # first, on several types, the one that shares the batch best, as Megatron's data parallelism would
@@ -437,7 +439,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     if deeper is not None and not deadline.expired():
                         out += at_depth(subset, tp, deeper) or []
                     else:
-                        shallowest.append((subset, tp, S))
+                        shallowest.append((subset, tp, S, fastest(found)))
                     if all(sharded(p) for p, _ in found):
                         out += unsharded(subset, tp, S)
                     break
@@ -447,12 +449,30 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             break
         if holds_state(ctx, subset, 1, 1):
             out += at_depth(subset, 1, 1) or []
-    for subset, tp, S in shallowest if SEED_DEPTHS > 1 else ():  # then one depth deeper each
+    walk = []  # then one depth deeper each, and again (breadth first) while the deeper one prices faster
+    for subset, tp, S, before in shallowest if SEED_DEPTHS > 1 else ():
         deeper = next_depth(ctx, subset, tp, S)
         if deeper is None or deadline.expired():
             continue
-        out += at_depth(subset, tp, deeper) or []
+        found = at_depth(subset, tp, deeper) or []
+        out += found
+        walk.append((subset, tp, deeper, before, fastest(found)))
+    while walk and not deadline.expired():
+        step = []
+        for subset, tp, S, before, now in walk:
+            deeper = next_depth(ctx, subset, tp, S) if now > before else None
+            if deeper is None or deadline.expired():
+                continue
+            found = at_depth(subset, tp, deeper) or []
+            out += found
+            step.append((subset, tp, deeper, now, fastest(found)))
+        walk = step
     return out
+
+
+def fastest(found: list[Priced]) -> float:
+    """The best throughput among priced plans (0 when none)."""
+    return max((e.tokens_per_s for _, e in found), default=0.0)
 
 
 def seed_share(job) -> float:

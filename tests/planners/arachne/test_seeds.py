@@ -358,3 +358,36 @@ def test_the_type_first_seed_also_tries_half_the_replicas_where_the_gradient_syn
     assert 32 in by_dp and 16 in by_dp and by_dp[16] > by_dp[32]
     p16 = max((r for r in one_stage if r[0].pipelines[0].stages[0].dp_size == 16), key=lambda r: r[1].tokens_per_s)[0]
     assert len({d.split(":")[0] for d in p16.pipelines[0].stages[0].devices}) == 2  # two nodes of 8
+
+
+def test_the_family_goes_deeper_again_while_the_deeper_depth_prices_faster(monkeypatch):
+    """The family priced the shallowest depth that fits and one deeper (Megatron's grid found 14 stages where it
+    stopped at 7 on seed83/rob-014); a depth that prices faster than the one before it now leads to the next (each
+    from the last), so a (subset, tp) can walk 4 -> 8 -> 16 -> 32 stages (LLaMA-2-70B on 40 GB parts), and a walk
+    stops at a depth that is not faster."""
+    ctx = ctx_for([("A100-SXM4-40GB", 16, 8, 25.0), ("V100-SXM2-16GB", 4, 8, 12.5)], model="LLaMA-2-70B",
+                  gbs=512, seq=2048)
+    calls: list[tuple] = []
+    real = seeds.next_depth
+
+    def logged(ctx_, subset, tp, first):
+        calls.append((subset, tp, first, real(ctx_, subset, tp, first)))
+        return calls[-1][-1]
+
+    monkeypatch.setattr(seeds, "next_depth", logged)
+    found = seeds.seed_plans(ctx, Deadline(5.0, WorkClock(ctx.work, ctx.cost_model)))
+    best: dict[tuple, float] = {}  # on the A100 alone: (tp, depth) -> fastest
+    for p, e in found:
+        if {d.split("-")[0] for d in p.devices} == {"g0"}:
+            key = (p.pipelines[0].stages[0].tp, len(p.pipelines[0].stages))
+            best[key] = max(best.get(key, 0.0), e.tokens_per_s)
+    chains: dict[tuple, list] = {}
+    for subset, tp, first, deeper in calls:
+        chains.setdefault((subset, tp), []).append((first, deeper))
+    assert max(len(c) for c in chains.values()) >= 3  # without the walk: one next_depth per (subset, tp)
+    a100 = next(s for s in seeds.class_subsets(ctx) if s == (0,))
+    for (subset, tp), chain in chains.items():
+        for (a, b), (c, _) in zip(chain, chain[1:]):
+            assert c == b  # each step from the last depth
+            if subset == a100:  # went on only where the deeper depth priced faster
+                assert best[(tp, b)] > best[(tp, a)]
