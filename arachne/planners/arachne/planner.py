@@ -51,12 +51,12 @@ def _plain_split(plan) -> bool:
     return not uses_v2(plan) and all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
 
 
-def _post_share(job: Job) -> float:
+def _post_share(job: Job, priced: bool = False) -> float:
     """The target's share kept for the passes after the search (the seeds and the modern knobs), so that the
-    whole run keeps to the target."""
+    whole run keeps to the target; ``priced``: under an objective that prices GPUs (``seeds.seed_share``)."""
     from arachne.planners.arachne.seeds import seed_share
 
-    return seed_share(job) + MODERN_SHARE
+    return seed_share(job, priced) + MODERN_SHARE
 
 
 class ArachnePlanner:
@@ -149,7 +149,7 @@ class ArachnePlanner:
         o = self.options
         whole = min(o.target.target_s * share, deadline.remaining)
         # the seeds' and the knobs' passes run after the search, within the same target: the search gets the rest
-        full_target = whole * (1 - _post_share(job)) if o.ablation.modern_knobs else whole
+        full_target = whole * (1 - _post_share(job, self._priced)) if o.ablation.modern_knobs else whole
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
         base = BASE_TARGET_S * share * (full_target / whole if whole > 0 else 1.0)
@@ -170,7 +170,7 @@ class ArachnePlanner:
             # without context parallelism, or a small cluster's space is spent)
             left = span * (1 - MODERN_SHARE) - run.elapsed
             out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished,
-                            seconds=left)
+                            seconds=left, priced=self._priced)
             return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
                                      span, deadline, self._score, work=ctx.work)
 
@@ -308,6 +308,12 @@ class ArachnePlanner:
         stats.notes["work_s"] = round(work(), 3)
         stats.notes["work"] = asdict(work.tally())
         return PlannerResult([r[0] for r in ranked], [score(r[1]) for r in ranked], stats)
+
+    @property
+    def _priced(self) -> bool:
+        """Planning under an objective that prices GPUs (the cost objective or a cost limit): the seeds get
+        ``seeds.PRICED_SEED_SHARE`` of the target."""
+        return self.objective is not None and self.objective.needs_prices
 
     def _score(self, est) -> float:
         """Lower is better: iteration time, or the objective's score (USD per token with ``cost``)."""

@@ -72,6 +72,12 @@ SEED_SHARE = 0.08
 LONG_SEED_SHARE = 0.3
 """The same for sequences of :data:`~.completion.modern.LONG_SEQUENCE` tokens or more, where half of it goes to
 the context-parallel family (:mod:`.long_context`): the search has no cp."""
+PRICED_SEED_SHARE = 0.3
+"""The same under an objective that prices GPUs (``--objective cost``, a cost limit), on the whole cluster and on
+each sub-cluster it is also planned on: the cheapest plans per token are the framework's own grid on one GPU type
+at a depth and tp that divide its GPUs well, leaving the rest idle, which is what the family prices; the search
+aims at using every GPU. At 0.08 the family reached only tp 1 on the grid's 192 H100 of hopper-ampere-512
+(Mixtral-8x22B), where Megatron's tp 2 x 8 stages cost 1.6% less per token than arachne's cost plan."""
 SEED_DEPTHS = 2
 """Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`; deeper again
 (each :func:`next_depth` of the last) while the deeper depth prices faster."""
@@ -475,21 +481,25 @@ def fastest(found: list[Priced]) -> float:
     return max((e.tokens_per_s for _, e in found), default=0.0)
 
 
-def seed_share(job) -> float:
-    """The seeds' share of the planner's target for ``job`` (:data:`SEED_SHARE`, :data:`LONG_SEED_SHARE`)."""
-    return LONG_SEED_SHARE if job.sequence_length >= LONG_SEQUENCE else SEED_SHARE
+def seed_share(job, priced: bool = False) -> float:
+    """The seeds' share of the planner's target for ``job`` (:data:`SEED_SHARE`, :data:`LONG_SEED_SHARE`;
+    ``priced``: the planner ranks by an objective that prices GPUs, :data:`PRICED_SEED_SHARE`)."""
+    if job.sequence_length >= LONG_SEQUENCE:
+        return LONG_SEED_SHARE
+    return PRICED_SEED_SHARE if priced else SEED_SHARE
 
 
 def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[], float], target_s: float,
               cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = (),
-              seconds: float | None = None) -> list[Priced]:
+              seconds: float | None = None, priced: bool = False) -> list[Priced]:
     """The planner's hook: :func:`seed_plans` for :func:`seed_share` of ``target_s`` on ``clock`` (never past
     ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower is
     better) less the recomputation they could drop, and on the fastest by ``score`` when it is not one of them;
     every plan returned fits and breaks no rule of ``legality``.
     ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first);
-    ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target)."""
-    deadline = Deadline(max(seed_share(ctx.job) * target_s, seconds or 0.0), clock, cap)
+    ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target);
+    ``priced``: see :func:`seed_share`."""
+    deadline = Deadline(max(seed_share(ctx.job, priced) * target_s, seconds or 0.0), clock, cap)
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
 
