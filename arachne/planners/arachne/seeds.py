@@ -455,14 +455,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             break
         if holds_state(ctx, subset, 1, 1):
             out += at_depth(subset, 1, 1) or []
-    walk = []  # then one depth deeper each, and again (breadth first) while the deeper one prices faster
-    for subset, tp, S, before in shallowest if SEED_DEPTHS > 1 else ():
-        deeper = next_depth(ctx, subset, tp, S)
-        if deeper is None or deadline.expired():
-            continue
-        found = at_depth(subset, tp, deeper) or []
-        out += found
-        walk.append((subset, tp, deeper, before, fastest(found)))
+    # then one depth deeper each, and again (breadth first) while the deeper one prices faster (the shallowest
+    # counts as faster than nothing)
+    walk = [(subset, tp, S, 0.0, now) for subset, tp, S, now in shallowest] if SEED_DEPTHS > 1 else []
     while walk and not deadline.expired():
         step = []
         for subset, tp, S, before, now in walk:
