@@ -43,7 +43,7 @@ from arachne.cost.pipeline import (
 )
 from arachne.cost.recompute import dropped_bytes, modules_fwd, op_selective_fwd, recomputed_collectives
 from arachne.cost.schedule import in_flight, pairs_micro_batches
-from arachne.cost.sync import IDENTITY_CACHE_SIZE, MEGATRON_BUCKET_PARAMS, SyncMixin
+from arachne.cost.sync import IDENTITY_CACHE_SIZE, MEGATRON_BUCKET_PARAMS, SyncMixin, gather_share
 from arachne.errors import InputError
 from arachne.plan import Plan, Stage, validate_plan
 from arachne.plan_rules import FEATURES, unpriced_features, uses_v2
@@ -127,6 +127,7 @@ class CostModel(SyncMixin, PipelineMixin):
         self._sig_cache: dict[tuple, tuple] = {}
         self._mem_cache: dict[tuple, MemoryBreakdown] = {}
         self._pipe_cache: dict[tuple, tuple] = {}
+        self._exposed_cache: dict[tuple, float] = {}  # a pipeline's exposed gradient sync, by shape and sync times
         self._leader_nodes: dict[tuple, tuple] = {}
         self._pipe_sigs: dict[tuple, tuple] = {}  # each pipeline signature, interned
         self._pipe_ids: dict[tuple, tuple] = {}  # pipelines' stage objects (by identity) -> their signature
@@ -530,14 +531,17 @@ class CostModel(SyncMixin, PipelineMixin):
         crit = None
         t_opt = 0.0
         shapes: set[tuple] = set()
+        # the key's parts that are the plan's, not the pipeline's
+        common = (plan.schedule, prec, plan.sequence_length, plan.zero_stage)
+        tail = (plan.framework, plan.grad_reduce_in_fp32, self.memory_options(plan), self.kernel_options(plan))
+        # what a pipeline's exposed sync depends on beyond its key and its stages' sync times
+        exposed_key = (plan.overlap_grad_reduce, plan.overlap_param_gather, gather_share(plan)) if overlap else None
         for pi, p in enumerate(plan.pipelines):
             S = len(p.stages)
-            mbs = plan.mbs(p)
+            mbs = p.micro_batch_size or plan.micro_batch_size
             reps = replicas[pi]
-            key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, plan.schedule, prec,
-                   plan.sequence_length, plan.zero_stage,
-                   (stage_sync[pi], plan.overlap_param_gather, plan.overlap_grad_reduce) if z3 else None,
-                   plan.framework, plan.grad_reduce_in_fp32, self.memory_options(plan), self.kernel_options(plan))
+            key = (self._pipeline_signature(p), model.key, mbs, p.micro_batches, reps, common,
+                   (stage_sync[pi], plan.overlap_param_gather, plan.overlap_grad_reduce) if z3 else None, tail)
             if key not in shapes:
                 shapes.add(key)
                 self.estimated_cells += S * min(p.micro_batches, 4 * S + 64)
@@ -553,7 +557,8 @@ class CostModel(SyncMixin, PipelineMixin):
             self.estimated_devices += n_devs
             parts.append((pi, p, out_rows, mems))
             if overlap:  # a shared collective: what each pipeline leaves exposed counts from its own end
-                finish = max(finish, T + self._exposed_sync(model, plan, p, rows, stage_sync[pi]))
+                finish = max(finish, T + self._exposed_cached((key, stage_sync[pi], exposed_key), model, plan, p,
+                                                              rows, stage_sync[pi]))
             if T > worst_pp:
                 worst_pp, crit = T, (pi, rows, send_f, send_b, p.micro_batches)
         exposed = max(0.0, finish - worst_pp) if overlap else 0.0

@@ -7,7 +7,7 @@ from arachne.cost.compute import act_bytes
 from arachne.cost.features import chunk_recomputed_blocks, expert_tp
 from arachne.cost.memory import MemoryBreakdown, block_activation_bytes, stage_params
 from arachne.cost.schedule import interleaved_in_flight, interleaved_time, pairs_micro_batches, pipeline_time
-from arachne.cost.sync import exposed_sync, gather_share
+from arachne.cost.sync import IDENTITY_CACHE_SIZE, exposed_sync, gather_share
 from arachne.plan import Plan
 from arachne.spec.model import ModelSpec
 
@@ -134,6 +134,16 @@ class PipelineMixin:
                                sum(x.optimizer for x in parts), acts, transient,
                                fixed + cal.allocator_reserve * (acts + transient),
                                max(x.transient + x.cached for x in parts) - transient)
+
+    def _exposed_cached(self, key: tuple, model: ModelSpec, plan: Plan, p, rows, times: tuple[float, ...]) -> float:
+        """:meth:`_exposed_sync`, cached by ``key`` (the pipeline's shape, its stages' sync times and the plan's
+        overlap settings): a plan of many replicas has few distinct pipelines."""
+        ex = self._exposed_cache.get(key)
+        if ex is None:
+            if len(self._exposed_cache) >= IDENTITY_CACHE_SIZE:
+                self._exposed_cache.clear()
+            ex = self._exposed_cache[key] = self._exposed_sync(model, plan, p, rows, times)
+        return ex
 
     def _exposed_sync(self, model: ModelSpec, plan: Plan, p, rows, times: tuple[float, ...]) -> float:
         """The slowest stage's gradient sync left exposed by ``overlap_grad_reduce``/``overlap_param_gather``

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from arachne.cost import CostModel, Estimate
 from arachne.cost.feasibility import memory_shortfall_message, model_state_bounds
 from arachne.errors import InputError, NoFeasiblePlanError
-from arachne.plan import Plan
+from arachne.plan import Plan, validate_plan
 from arachne.planners.objective import Objective
 from arachne.planners.protocol import PlannerResult, SearchBudget
 from arachne.planners.registry import (
@@ -40,34 +40,61 @@ def best_priced(plans: list[Plan], cost_model: CostModel, legality: Legality | N
 def select(plans: list[Plan], cost_model: CostModel, legality: Legality | None = None,
            objective: Objective | None = None) -> tuple[tuple[Plan, Estimate] | None, str | None]:
     """:func:`best_priced`, plus (when nothing qualifies but some plan fits) the first rule or limit that the
-    fitting plans break, in words."""
+    fitting plans break, in words. Every plan is priced first without the format's checks (a planner's own
+    plans are valid, and checking a plan of a thousand GPUs costs several estimates); the checks then run on
+    the best first, and the first plan that passes them is the one returned, as if every plan had been
+    checked before pricing."""
     rules = legality if legality is not None and not legality.free else None
     goal = objective or Objective()
-    best: tuple[Plan, Estimate] | None = None
     why: str | None = None
     cluster = cost_model.cluster
-    closest: Estimate | None = None  # the best fitting, legal plan outside the objective's limits
+    within: list[tuple[float, int, Plan, Estimate]] = []  # fitting plans within the objective's limits
+    beyond: list[Estimate] = []  # fitting (and checked) plans outside them
     for p in plans:
         for cand in (legal_variants(p, rules) if rules is not None else [p]):
             if rules is not None and (errs := rules.errors(cand, cluster)):
                 if why is None and _fits(cost_model, cand):  # say which rule only where memory is not the reason
                     why = f"{errs[0][0]}: {errs[0][1]}"
                 continue
-            try:
-                est = cost_model.estimate(cand)
-            except InputError:
+            est = _price(cost_model, cand)
+            if est is None or not est.fits:
                 continue
-            if not est.fits:
-                continue
-            if goal.limit_error(est) is not None:
-                if closest is None or _nearer(goal, est, closest):
-                    closest = est
-                continue
-            if best is None or goal.score(est) < goal.score(best[1]):
-                best = (cand, est)
-    if best is None and closest is not None:
+            if goal.limit_error(est) is None:
+                within.append((goal.score(est), len(within), cand, est))
+            elif _valid(cost_model, cand):
+                beyond.append(est)
+    for _, _, cand, est in sorted(within, key=lambda x: x[:2]):  # best first; ties keep the planner's order
+        if _valid(cost_model, cand):
+            return (cand, est), None
+    closest: Estimate | None = None  # the best fitting, legal plan outside the objective's limits
+    for est in beyond:
+        if closest is None or _nearer(goal, est, closest):
+            closest = est
+    if closest is not None:
         why = f"no plan meets {goal.limit_error(closest)}"
-    return best, (None if best is not None else why)
+    return None, why
+
+
+def _price(cost_model: CostModel, plan: Plan) -> Estimate | None:
+    """The plan's estimate without the format's checks, or None where it cannot be priced. A plan whose
+    unchecked pricing fails is priced again with the checks, which name what is wrong (``InputError``: None)
+    or let a genuine fault surface."""
+    try:
+        return cost_model.estimate(plan, validate=False)
+    except Exception:
+        try:
+            return cost_model.estimate(plan)
+        except InputError:
+            return None
+
+
+def _valid(cost_model: CostModel, plan: Plan) -> bool:
+    """Whether ``plan`` passes the format's checks on the cost model's cluster."""
+    try:
+        validate_plan(plan, cost_model.cluster, cost_model.resolve_model(plan))
+    except InputError:
+        return False
+    return True
 
 
 def _fits(cost_model: CostModel, plan: Plan) -> bool:

@@ -109,3 +109,27 @@ def test_estimate_table_shows_the_compute_ceiling(cluster_file: Path, tmp_path: 
     res = CliRunner().invoke(app, ["estimate", "--cluster", str(cluster_file), "--plan", str(out)])
     assert res.exit_code == 0, res.output
     assert "compute ceiling" in res.output and "no plan" in res.output
+
+
+def test_select_checks_the_best_plan_first_and_skips_one_that_breaks_the_format() -> None:
+    """The harness prices every plan unchecked and checks the best first: a plan that prices faster but breaks
+    the format (its micro-batches no longer sum to the batch; a device the cluster lacks) is never returned."""
+    from arachne.cost import CostModel
+    from arachne.planners.harness import run_planner, select
+
+    c = cluster_from_dict(CLUSTER)
+    plan, est, _ = run_planner("sailor", c, load_model("OPT-350M"), Job(global_batch_size=64, sequence_length=2048))
+    cm = CostModel(c)
+    pipe = plan.pipelines[0]
+    assert pipe.micro_batches > 1
+    short = plan.model_copy(update={"pipelines": tuple(p.model_copy(update={"micro_batches": p.micro_batches // 2})
+                                                       for p in plan.pipelines)})
+    assert cm.estimate(short, validate=False).iteration_time_s < est.iteration_time_s
+    stage = pipe.stages[0]
+    stranger = plan.model_copy(update={"pipelines": (pipe.model_copy(update={"stages": (
+        stage.model_copy(update={"devices": ("nowhere:0", *stage.devices[1:])}), *pipe.stages[1:])}),
+        *plan.pipelines[1:])})
+    for first in (short, stranger):
+        chosen, why = select([first, plan], cm)
+        assert chosen is not None and chosen[0] == plan and why is None
+    assert select([short, stranger], cm) == (None, None)

@@ -171,6 +171,7 @@ class ArachnePlanner:
             left = span * (1 - MODERN_SHARE) - run.elapsed
             out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished,
                             seconds=left, priced=self._priced)
+            mark("seeds")
             return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
                                      span, deadline, self._score, work=ctx.work)
 
@@ -179,6 +180,12 @@ class ArachnePlanner:
         guard = Deadline(min(deadline.remaining, WALL_GUARD * whole + 1.0))
         work = WorkClock(ctx.work, cost_model)
         run = Deadline(full_target, work if o.target.clock == "work" else time.perf_counter, guard)
+        phases: dict[str, float] = {}
+        stats.notes["phases"] = phases
+
+        def mark(name: str) -> None:
+            """The run's clock at the end of a phase (``notes["phases"]``: where the target went)."""
+            phases[name] = round(run.elapsed, 4)
         policy = self.policy or (shipped_policy() if o.ablation.mode == "policy" else None)
         mode = o.ablation.mode if (o.ablation.mode != "policy" or policy is not None) else "teacher"
         stats.notes["mode"] = mode
@@ -190,6 +197,7 @@ class ArachnePlanner:
             feats = FeatureBuilder(ctx)
             if mode == "policy":  # beams narrow to one action each once their share of the target is spent
                 proposed = policy_search(ctx, policy, o.search.k, feats, run.child(target * o.shares.policy_share))
+                mark("policy")
             elif mode == "random":
                 proposed = random_states(ctx, o.search.k, budget.seed)
             core: list[State] = []
@@ -201,6 +209,7 @@ class ArachnePlanner:
                 core, mixed, lead, pools = rule_pool(ctx, pricer, deadline, o.search.floor_actions, depth)
                 if mode == "floor" and o.ablation.floor_k:  # the ablation's equal-size rule arm: the first k rules
                     core, mixed = core[: o.ablation.floor_k], mixed[: max(0, o.ablation.floor_k - len(core))]
+                mark("rules")
             if mode == "teacher":
                 teacher_search(ctx, pricer, o.search.teacher_beam, deadline, advance)
             timed = mode == "policy" and o.ablation.use_floor  # the shipped configuration keeps to its latency target
@@ -218,6 +227,7 @@ class ArachnePlanner:
                     break
                 pricer.price_state(st)
                 advance(1)
+            mark("core")
             # the rest is screened first (cheap), in the learned ranker's order (without one: proposals and
             # rules interleaved), then the most promising are priced in full
             ranker = (self.ranker or shipped_ranker()) if o.ablation.use_ranker and mode == "policy" else None
@@ -232,6 +242,7 @@ class ArachnePlanner:
                     # (test_the_mixed_rule_the_proxy_rates_best_is_screened_first)
                     top = mixed[: o.search.proxy_first]
                     rest = top + [st for st in rest if st not in top]
+                mark("rank")
             else:
                 rest = [st for pair in zip_longest(proposed, mixed) for st in pair if st is not None]
             screen_until = run.child(target * o.shares.screen_share - run.elapsed)
@@ -242,11 +253,13 @@ class ArachnePlanner:
                 screened.append((pricer.screen_state(st), st))
                 advance(1)
             screened.sort(key=lambda x: -x[0])
+            mark("screen")
             for i, (v, st) in enumerate(screened):
                 if v <= 0 or stop(phase1 if i >= 2 else None):
                     break
                 pricer.price_state(st)
             stats.notes["screened"] = len(screened)
+            mark("phase1")
             stats.timed_out = deadline.expired()
             best = pricer.best()
             if best is None and o.ablation.modern_knobs and long_sequence(ctx):
@@ -270,6 +283,7 @@ class ArachnePlanner:
                 if spare > 0.05:
                     teacher_search(ctx, pricer, o.search.teacher_beam, run.child(spare * o.shares.teacher_share))
                     best = pricer.best()
+                    mark("teacher")
             if best is not None and o.ablation.use_refine and mode != "random":
                 start = pricer.states.get(best[0])
                 if start is not None:
@@ -279,11 +293,13 @@ class ArachnePlanner:
                         if polish_at - run.elapsed <= 0.02:
                             break
                         refine(ctx, pricer, st, run.child(polish_at - run.elapsed))
+                    mark("refine")
             for st in pools:  # a GPU type pooled across its node sizes: candidates after refinement
                 if stop(run.child(target - run.elapsed)):
                     break
                 pricer.price_state(st)
             polished = self._polish(pricer, [], cost_model, target, run)
+            mark("polish")
             if extend and pricer.best() is not None and o.ablation.modern_knobs:
                 # what the default target returns (its passes after the search, as it runs them) stays in the
                 # pool, so a longer target never returns a slower plan
@@ -297,6 +313,7 @@ class ArachnePlanner:
                 polished = self._polish(pricer, polished, cost_model, full_target, run)
         if o.ablation.modern_knobs:
             polished += early or post(whole, polished)
+            mark("knobs")
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]
