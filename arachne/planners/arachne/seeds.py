@@ -23,6 +23,7 @@ and the layer splits and placements by ``ctx.work``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from arachne.cost import Estimate
 from arachne.plan import Plan
@@ -62,6 +63,7 @@ from arachne.planners.arachne.template import (
     Template,
     ep_options,
     slot_fits_nodes,
+    span_classes,
     tp_options,
 )
 from arachne.planners.protocol import Deadline
@@ -99,18 +101,6 @@ fresh hold-out it was added for had 0.68, the two stored cases that an ungated h
 Priced = tuple[Plan, Estimate]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
     """Every GPU type of ``subset`` in pipelines of ``stages`` stages of ``tp`` GPUs, as many as it holds, a type
     over several classes pooled (:func:`pools`); None when no type holds one."""
@@ -122,8 +112,6 @@ def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, sta
             groups.append(Group((Slot(first, tp, pool=pooled),) * stages, reps))
     tpl = Template(tuple(groups))
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
-
-
 
 
 def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int,
@@ -149,6 +137,54 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
             groups.append(Group((Slot(first, tp, dp=dp, ep=ep),) * stages, 1))
     tpl = Template(tuple(groups))
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
+
+
+def spanning_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> list[Template]:
+    """Lock-step pipelines whose stages span device classes (``Slot.span``: each stage's tp groups from each class
+    in turn), at the most replicas that divide the batch, where no one class holds as many: (1) as
+    :func:`lockstep_template`, a GPU type over several node sizes as one pipeline over all of them; (2) the
+    type-oblivious form, one pipeline over the classes of ``subset`` largest nodes first (fewer nodes for the
+    experts' all-to-alls and the gradient sync), then fastest, as Megatron's grid runs the GPUs it picks. Fresh
+    hold-out seed87/rob-010 (GPT-OSS-120B, a batch of 96; 108 MI300X in nodes of 8 and 4, 88 H200 in nodes of 8):
+    Megatron's dp 96 at ep 16 over the 56 MI300X and 40 of the H200 in nodes of 8; the lock-step form on one
+    class had dp 48, 0.69x of it. Empty for a dense model (its replicas are pipelines of their own,
+    :func:`uniform_template` pools them)."""
+    if not ctx.model.is_moe:
+        return []
+    gbs, out = ctx.job.global_batch_size, []
+
+    def widest(span: tuple[int, ...], floor: int) -> Slot | None:  # the most replicas over ``span`` beyond ``floor``
+        total = sum(ctx.classes[j].count // tp * tp for j in span)
+        dp = next((d for d in range(total // (stages * tp), floor, -1) if gbs % d == 0), 0)
+        return Slot(span[0], tp, dp=dp, ep=max(ep_options(ctx.model, dp)), span=span) if dp else None
+
+    groups, wider = [], False
+    for first, _ in pools(ctx, subset, tp):
+        span = tuple(j for j in span_classes(ctx.classes[first], tp) if j in subset)
+        one = max((lockstep_dp(ctx, j, tp, stages) for j in span), default=1)
+        slot = widest(span, one) if len(span) > 1 else None
+        if slot is None and one > 1:
+            slot = Slot(next(j for j in span if lockstep_dp(ctx, j, tp, stages) == one), tp, dp=one,
+                        ep=max(ep_options(ctx.model, one)))
+        wider = wider or (slot is not None and bool(slot.span))
+        groups += [Group((slot,) * stages, 1)] if slot is not None else []
+    if wider:
+        out.append(Template(tuple(groups)))
+    prec = ctx.job.precision
+    order = tuple(sorted((i for i in subset if ctx.classes[i].node_size % tp == 0),
+                         key=lambda i: (-ctx.classes[i].node_size, -ctx.classes[i].gpu.peak_flops(prec), i)))
+    one = max((lockstep_dp(ctx, j, tp, stages) for j in order), default=1)
+    slot = widest(order, one) if len({ctx.classes[i].gpu.name for i in order}) > 1 else None
+    if slot is not None:
+        used, left = [], slot.gpus * stages
+        for j in order:  # the classes it reaches
+            if left > 0:
+                used.append(j)
+                left -= ctx.classes[j].count // tp * tp
+        slot = replace(slot, span=tuple(used))
+        if len({ctx.classes[i].gpu.name for i in used}) > 1:
+            out.append(Template((Group((slot,) * stages, 1),)))
+    return [t for t in out if t.fits_counts(ctx.classes)]
 
 
 def lockstep_class(ctx: PlanningContext, kin: list[int], tp: int, stages: int, priced: dict | None = None) -> int:
@@ -321,14 +357,6 @@ def batch_shares(tpl: Template, gbs: int, multiple: int = 1) -> list[Template]:
     return [cap_replicas(tpl, even), tpl] if even < n else [tpl]
 
 
-
-
-
-
-
-
-
-
 def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None = None,
                ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None,
                tps: set[int] | None = None, multiple: int = 1,
@@ -348,6 +376,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         tpls = [lock, uniform_template(ctx, subset, tp, S)]
         if lock is not None and len(lock.groups) > 1:  # each type's lock-step pipeline alone, at once (a slow
             tpls[1:1] = [Template((g,)) for g in lock.groups]  # type's replicas can cost more than they add)
+        for span in spanning_lockstep_templates(ctx, subset, tp, S)[::-1]:  # (and each spanning pipeline alone)
+            tpls[1:1] = [span] + [Template((g,)) for g in span.groups if len(span.groups) > 1 and g.slots[0].span]
         tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None

@@ -88,6 +88,13 @@ def pool_classes(c: DeviceClass, slot_gpus: int) -> list[int]:
     return [j for j, _, size in c.kin if j > c.index and slot_fits_nodes(slot_gpus, size)]
 
 
+def span_classes(c: DeviceClass, tp: int) -> tuple[int, ...]:
+    """``c`` and the later classes of its GPU type whose nodes hold whole tp groups: what a lock-step stage of one
+    GPU type over its node sizes draws from (``Slot.span``; 96 MI300X of 7 nodes of 8 and 13 of 4 at dp 96, as
+    Megatron's grid runs them: no one class holds it)."""
+    return (c.index,) + tuple(j for j, _, size in c.kin if j > c.index and size % tp == 0)
+
+
 @dataclass(frozen=True)
 class Slot:
     """One stage position: ``dp`` groups of ``tp`` GPUs of device class ``cls``."""
@@ -97,6 +104,7 @@ class Slot:
     dp: int = 1
     ep: int = 1
     pool: bool = False  # may draw from later classes of the same GPU type (see pool_classes)
+    span: tuple[int, ...] = ()  # a lock-step stage over these classes (``cls`` first): tp groups from each in turn
 
     @property
     def gpus(self) -> int:
@@ -128,12 +136,20 @@ class Template:
     def fits_counts(self, classes: list[DeviceClass]) -> bool:
         """Every slot's GPUs exist: each class's own first, a pooled slot's shortfall from its kin (in
         group order, as placement takes them)."""
-        if not any(s.pool for g in self.groups for s in g.slots):
+        if not any(s.pool or s.span for g in self.groups for s in g.slots):
             return all(n <= classes[c].count for c, n in self.usage().items())
         left = [c.count for c in classes]
         for g in self.groups:
             for s in g.slots:
                 need = s.gpus * g.replicas
+                if s.span:  # whole tp groups from each class in turn
+                    for j in s.span:
+                        take = min(need, left[j] // s.tp * s.tp)
+                        left[j] -= take
+                        need -= take
+                    if need:
+                        return False
+                    continue
                 take = min(need, left[s.cls])
                 left[s.cls] -= take
                 need -= take
@@ -148,7 +164,7 @@ class Template:
     def describe(self, classes: list[DeviceClass]) -> str:
         parts = []
         for g in self.groups:
-            slots = " | ".join(f"{classes[s.cls].gpu.name}{'+' if s.pool else ''} tp{s.tp}"
+            slots = " | ".join(f"{classes[s.cls].gpu.name}{'+' if s.pool else ''}{'*' if s.span else ''} tp{s.tp}"
                                + (f" dp{s.dp}" if s.dp > 1 else "") + (f" ep{s.ep}" if s.ep > 1 else "")
                                for s in g.slots)
             parts.append(f"{g.replicas} x [{slots}]")

@@ -33,6 +33,28 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
                 return devs
         return None
 
+    def take_span(span: tuple[int, ...], need: int, tp: int) -> tuple[str, ...] | None:
+        """A spanning slot's GPUs (``Slot.span``): whole tp groups from each node of its classes in turn,
+        nothing taken unless all ``need`` are there."""
+        plan: list[tuple[list[str], int]] = []
+        left = need
+        for j in span:
+            for node in free[j]:
+                k = min(left, len(node) // tp * tp)
+                if k:
+                    plan.append((node, k))
+                    left -= k
+                if not left:
+                    break
+            if not left:
+                break
+        if left:
+            return None
+        devs = tuple(d for node, k in plan for d in node[:k])
+        for node, k in plan:
+            del node[:k]
+        return devs
+
     sizes = [c.node_size for c in ctx.classes]
 
     def take_from(cls: int, need: int) -> tuple[str, ...] | None:
@@ -72,10 +94,10 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
         reps: list[list[tuple[str, ...]]] = [[()] * S for _ in range(g.replicas)]
         cells = ([(r, j) for r in range(g.replicas) for j in range(S)] if order == "pipeline"
                  else [(r, j) for j in range(S) for r in range(g.replicas)])
-        needs = [(s.cls, s.gpus, s.pool) for s in g.slots]
+        needs = [(s.cls, s.gpus, s.pool, s.span, s.tp) for s in g.slots]
         for r, j in cells:
-            cls, need, pool = needs[j]
-            devs = take_from(cls, need)
+            cls, need, pool, span, tp = needs[j]
+            devs = take_span(span, need, tp) if span else take_from(cls, need)
             if devs is None and pool:
                 devs = take_pooled(cls, need)
             if devs is None:

@@ -4,6 +4,8 @@ micro-batch size, a wider last stage), each priced with CostModel.estimate; the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from arachne.cost import Estimate, StageEstimate
 from arachne.plan import Pipeline, Plan, Stage
 from arachne.planners.arachne.completion.batch import (
@@ -22,7 +24,6 @@ from arachne.planners.arachne.completion.split import split_layers, stage_sends
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.template import (
     Group,
-    Slot,
     Template,
     tp_options,
 )
@@ -215,7 +216,7 @@ def wide_head(template: Template, ctx: PlanningContext) -> Template | None:
     for g in template.groups:
         a, b = (g.slots[-2], g.slots[-1]) if len(g.slots) >= 3 else (None, None)
         if a is not None and a == b and 2 * b.tp in tp_options(ctx.model, ctx.classes[b.cls].node_size):
-            groups.append(Group(g.slots[:-2] + (Slot(b.cls, 2 * b.tp, b.dp, b.ep, b.pool),), g.replicas))
+            groups.append(Group(g.slots[:-2] + (replace(b, tp=2 * b.tp),), g.replicas))
             changed = True
         else:
             groups.append(g)
