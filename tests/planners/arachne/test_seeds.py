@@ -108,8 +108,8 @@ def test_each_types_lock_step_pipeline_alone_comes_right_after_the_mixed_one():
 
 
 def test_a_lock_step_stage_stays_in_one_class_of_a_type_over_node_sizes():
-    """H100 in 2 nodes of 8 and 4 nodes of 4: a lock-step stage cannot span both (placement takes a slot from
-    one class), so its dp is what one class holds (16, not 32) and it places."""
+    """H100 in 2 nodes of 8 and 4 nodes of 4: the lock-step form takes one class, so its dp is what one class holds
+    (16, not 32) and it places; the form over both is :func:`seeds.spanning_lockstep_templates`'s."""
     from arachne.planners.arachne.completion.place import placements
 
     ctx = ctx_for([("H100", 2, 8, 50), ("H100", 4, 4, 50)], model="DeepSeek-MoE-16B", gbs=64, seq=2048)
@@ -391,3 +391,47 @@ def test_the_family_goes_deeper_again_while_the_deeper_depth_prices_faster(monke
             assert c == b  # each step from the last depth
             if subset == a100:  # went on only where the deeper depth priced faster
                 assert best[(tp, b)] > best[(tp, a)]
+
+
+def test_a_spanning_lock_step_stage_takes_whole_tp_groups_from_each_class_in_turn():
+    """fresh hold-out seed87/rob-010: a stage that no one class of its type holds (``Slot.span``) takes its tp
+    groups from each class in turn, counts its GPUs across them, and takes nothing where they are too few."""
+    from arachne.planners.arachne.completion.place import place
+
+    ctx = ctx_for([("H100", 2, 8, 50), ("H100", 4, 4, 50)], model="DeepSeek-MoE-16B", gbs=64, seq=2048)
+    (h100,) = seeds.class_subsets(ctx)
+    tpl = next(t for t in seeds.spanning_lockstep_templates(ctx, h100, 2, 1) if len(t.groups) == 1)
+    (slot,) = tpl.groups[0].slots
+    assert slot.dp == 16 and slot.tp == 2 and set(slot.span) == set(h100)  # 32 GPUs; one class holds 16
+    ((devs,),) = place(tpl, ctx)[0]
+    nodes = [d.split(":")[0] for d in devs]
+    assert len(set(devs)) == 32 and {ctx.cluster.devices[d].gpu.name for d in devs} == {"H100-SXM5-80GB"}
+    assert all(a == b for a, b in zip(nodes[::2], nodes[1::2]))  # every tp group inside a node
+    plan, _ = max(seeds.complete_seed(tpl, ctx, 64, lambda _p: True), key=lambda r: r[1].tokens_per_s)
+    validate_plan(plan, ctx.cluster, ctx.model)
+    too_many = Template((Group((Slot(slot.cls, 2, dp=17, ep=1, span=slot.span),), 1),))
+    assert not too_many.fits_counts(ctx.classes) and place(too_many, ctx) is None
+
+
+def test_the_type_oblivious_spanning_stage_takes_the_largest_nodes_first_as_megatron_does():
+    """fresh hold-out seed87/rob-010 (GPT-OSS-120B, a batch of 96 on 108 MI300X in nodes of 8 and 4 and 88 H200
+    in nodes of 8; 0.688x): Megatron's grid ran dp 96 x ep 16 over the 56 MI300X and 40 of the H200 in nodes of
+    8, where the lock-step form on one class reached dp 48. Here the same at a smaller scale: a batch of 24 over
+    16 MI300X in nodes of 8 and 12 in nodes of 4, and 16 H200 in nodes of 8."""
+    ctx = ctx_for([("MI300X", 2, 8, 50), ("MI300X", 3, 4, 50), ("H200", 2, 8, 50)], model="GPT-OSS-20B", gbs=24,
+                  seq=2048)
+    every = tuple(c.index for c in ctx.classes)
+    tpls = seeds.spanning_lockstep_templates(ctx, every, 1, 1)
+    oblivious = next(t for t in tpls if len(t.groups) == 1)
+    (slot,) = oblivious.groups[0].slots
+    assert slot.dp == 24 and [ctx.classes[i].node_size for i in slot.span] == [8, 8]
+    from arachne.planners.arachne.completion.place import place
+
+    ((devs,),) = place(oblivious, ctx)[0]
+    names = [ctx.cluster.devices[d].gpu.name for d in devs]
+    assert names.count("MI300X") == 16 and names.count("H200-SXM-141GB") == 8
+    per_type = next(t for t in tpls if len(t.groups) == 2)  # the MI300X over both node sizes, the H200 alone
+    assert sorted(g.slots[0].dp for g in per_type.groups) == [8, 24]
+    out = seeds.seed_plans(ctx, Deadline(60, lambda: float(ctx.cost_model.estimates)))
+    assert any(p.pipelines[0].stages[0].dp_size == 24 and len(p.pipelines) == 1 for p, _ in out)
+    assert seeds.spanning_lockstep_templates(ctx_for(CLOUD), (0, 1), 1, 1) == []  # a dense model: none
