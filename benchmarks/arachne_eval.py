@@ -26,9 +26,9 @@ from benchmarks import common
 
 
 def run(name: str, cl, model: str, job: Job, budget_s: float, **kw) -> dict[str, Any]:
-    """One planner on one problem: throughput, wall seconds and this process's CPU seconds (``cpu_s``: what a
-    host that lends its cores to others, or changes speed, does not add to; on an idle machine about the
-    wall time)."""
+    """One planner on one problem: throughput, wall seconds and this process's CPU seconds (``cpu_s``: the wall
+    time less what other processes on a busy machine take; on an idle one about the wall time, and like it
+    subject to the host's own speed)."""
     cm = CostModel(cl)
     t0, c0 = time.perf_counter(), time.process_time()
     try:
