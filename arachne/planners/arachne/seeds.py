@@ -45,9 +45,11 @@ from arachne.planners.arachne.seed_forms import (
 from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: tests and callers read them here)
     EQUAL_SHARE_CLASSES,
     EQUAL_SHARE_SUBSETS,
+    EQUAL_SHARE_TYPES,
     class_subsets,
     equal_share_subsets,
     equal_share_type,
+    equal_share_types,
     gpu_types,
     gpus_used,
     holds_state,
@@ -445,9 +447,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     shallowest: list[tuple[tuple[int, ...], int, int, float]] = []
     priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
     whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
-    # first, on several types, the one that shares the batch best, as Megatron's data parallelism would
-    best = equal_share_type(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else None
-    if best is not None:
+    # first, on several types, the ones that share the batch best, as Megatron's data parallelism would
+    for best in equal_share_types(ctx)[:EQUAL_SHARE_TYPES] if multiple == 1 and len(gpu_types(ctx)) > 1 else ():
         out += complete_all([lockstep_template(ctx, best, 1, 1, priced)], quick=True)
         uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
         out += uniform + fewer_replicas(best, uniform)
