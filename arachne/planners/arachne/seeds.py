@@ -43,10 +43,12 @@ from arachne.planners.arachne.seed_forms import (
     sharded,
 )
 from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: tests and callers read them here)
+    EQUAL_SHARE_BAND,
     EQUAL_SHARE_CLASSES,
     EQUAL_SHARE_SUBSETS,
     EQUAL_SHARE_TYPES,
     class_subsets,
+    equal_share_seeded,
     equal_share_subsets,
     equal_share_type,
     equal_share_types,
@@ -448,7 +450,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
     whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
     # first, on several types, the ones that share the batch best, as Megatron's data parallelism would
-    for best in equal_share_types(ctx)[:EQUAL_SHARE_TYPES] if multiple == 1 and len(gpu_types(ctx)) > 1 else ():
+    for best in equal_share_seeded(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else ():
         out += complete_all([lockstep_template(ctx, best, 1, 1, priced)], quick=True)
         uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
         out += uniform + fewer_replicas(best, uniform)
