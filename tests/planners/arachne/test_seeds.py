@@ -442,12 +442,15 @@ def test_the_two_types_the_equal_share_guess_ranks_first_are_both_seeded_first()
     tp 2 x dp 8 over the 16 A800): the quick guess ranks 8 A100 in one node (guessed 0.66 s, priced 0.50 s) above 16
     A800 in two nodes (guessed 0.94 s, priced 0.29 s: the guess's gradient sync is neither hierarchical nor
     overlapped), and the family's time ran out before it reached the A800 alone. Tuned on that case."""
-    ctx = ctx_for([("A800", 2, 8, 100), ("A100-80", 1, 8, 3.125), ("L40S", 2, 4, 12.5)], model="LLaMA-3-8B", gbs=32,
+    ctx = ctx_for([("A800", 2, 8, 200), ("A100-80", 1, 8, 3.125), ("L40S", 2, 4, 12.5)], model="LLaMA-3-8B", gbs=32,
                   seq=512)
     ranked = seeds.equal_share_types(ctx)
     names = [ctx.classes[v[0]].gpu.name for v in ranked[:seeds.EQUAL_SHARE_TYPES]]
     assert names[0].startswith("A100") and names[1].startswith("A800")
-    assert seeds.equal_share_type(ctx) == ranked[0]
+    assert seeds.equal_share_type(ctx) == ranked[0] and seeds.equal_share_seeded(ctx) == ranked[:2]
+    slow = ctx_for([("A800", 2, 8, 100), ("A100-80", 1, 8, 3.125), ("L40S", 2, 4, 12.5)], model="LLaMA-3-8B", gbs=32,
+                   seq=512)  # the A800 guessed more than 1.5x slower: only the first is seeded first
+    assert seeds.equal_share_seeded(slow) == seeds.equal_share_types(slow)[:1]
     cm = ctx.cost_model
     out = seeds.seed_plans(ctx, Deadline(6, lambda: float(cm.estimates)))  # the first few estimates only
     a800 = [e.tokens_per_s for p, e in out if {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"A800-SXM4-80GB"}]
