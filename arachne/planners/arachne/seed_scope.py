@@ -83,11 +83,11 @@ def share_time(ctx: PlanningContext, classes: Sequence[int], n: int, tp: int, st
         n, nodes, ctx.model.num_params * grad_b / (stages * tp), max(nodes.values()))
 
 
-def equal_share_types(ctx: PlanningContext) -> list[tuple[int, ...]]:
+def equal_share_types(ctx: PlanningContext, guesses: bool = False) -> list:
     """The classes of each GPU type that holds the model at tp 1 and one stage, fastest first by how fast it trains
     with the batch shared evenly over its GPUs so: the most of them whose number divides the batch, each its share
     of sequences (the depth rule's quick guess: its first class's profile, one sequence at a time) and the
-    gradients all-reduced over their nodes. The family reaches a type alone only after the incumbent's types and
+    gradients all-reduced over their nodes (``guesses``: as (classes, guessed seconds) pairs). The family reaches a type alone only after the incumbent's types and
     all classes together, at every tp and depth; on a large cluster of many types its time can run out first,
     while Megatron's grid over that type (data parallel over 32 of 40 H100 for a batch of 128, a fresh
     hold-out) is the plan to beat."""
@@ -99,25 +99,15 @@ def equal_share_types(ctx: PlanningContext) -> list[tuple[int, ...]]:
         return share_time(ctx, v, n, 1, 1, ep)
 
     held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
-    times = {v: step(list(v)) for v in held}
-    return sorted(held, key=lambda v: times[v])
+    ranked = sorted(((v, step(list(v))) for v in held), key=lambda x: x[1])
+    return ranked if guesses else [v for v, _ in ranked]
 
 
 def equal_share_seeded(ctx: PlanningContext) -> list[tuple[int, ...]]:
     """The types :func:`equal_share_types` seeds first: the best, and up to :data:`EQUAL_SHARE_TYPES` in all whose
     guess is within :data:`EQUAL_SHARE_BAND` of the best's."""
-    ranked = equal_share_types(ctx)
-    if not ranked:
-        return []
-    gbs = ctx.job.global_batch_size
-    ep = ep_options(ctx.model, 1)[-1]
-
-    def guess(v: tuple[int, ...]) -> float:
-        n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
-        return share_time(ctx, v, n, 1, 1, ep)
-
-    first = guess(ranked[0])
-    return [ranked[0]] + [v for v in ranked[1:EQUAL_SHARE_TYPES] if guess(v) <= EQUAL_SHARE_BAND * first]
+    ranked = equal_share_types(ctx, guesses=True)  # (each guess once: the work clock counts its profile calls)
+    return [v for v, t in ranked[:EQUAL_SHARE_TYPES] if t <= EQUAL_SHARE_BAND * ranked[0][1]]
 
 
 def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
