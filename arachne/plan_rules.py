@@ -241,14 +241,16 @@ def interleaved_errors(plan: Plan, pipe: Pipeline, pfx: str, num_layers: int) ->
     return errs
 
 
-def uses_v2(plan: Plan) -> bool:
-    """Whether ``plan`` sets any version-2 field (a fast test; :func:`v2_fields_used` names them)."""
+def uses_v2(plan: Plan, sequence_parallel: bool = True) -> bool:
+    """Whether ``plan`` sets any version-2 field (a fast test; :func:`v2_fields_used` names them);
+    ``sequence_parallel=False``: any but sequence parallelism (which the arachne planner's completion turns on
+    for every stage of tp > 1: its plans are otherwise version-1 plans)."""
     return (plan.precision == "fp8" or plan.zero_stage >= 2 or plan.overlap_grad_reduce
             or plan.overlap_param_gather or plan.framework is not None or plan.grad_reduce_in_fp32 is not None
             or plan.fp8_params or plan.master_weights is not None or plan.optimizer_state_dtype is not None
             or plan.loss is not None or plan.attention_kernel is not None or plan.elementwise_kernels is not None
             or plan.overlap_moe_comm or plan.moe_kernels is not None
-            or any(p.virtual_stages != 1 or any(st.cp != 1 or st.sequence_parallel or st.recompute == "selective"
+            or any(p.virtual_stages != 1 or any(st.cp != 1 or (sequence_parallel and st.sequence_parallel) or st.recompute == "selective"
                                                 or st.recompute_layers is not None or st.etp is not None
                                                 or st.recompute_modules is not None
                                                 or st.layers is not st.ranges[0] for st in p.stages)

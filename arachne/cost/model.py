@@ -61,6 +61,7 @@ PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_para
                                                 "attention_kernel", "elementwise_kernels", "overlap_moe_comm",
                                                 "moe_kernels"})
 # plan_rules.v2_fields_used features this cost model prices
+_ALL_PRICED = PRICED_V2_FEATURES >= set(FEATURES)  # then no plan needs the (per-stage) check in estimate
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
 
@@ -517,7 +518,7 @@ class CostModel(SyncMixin, PipelineMixin):
         # ZeRO-3 gathers and reduce-scatters per micro-batch only without pipelining; with stages, FSDP
         # gathers once per iteration (torchtitan's FSDP + PP), which is ZeRO-2's traffic
         z3 = plan.zero_stage == 3 and all(len(p.stages) == 1 for p in plan.pipelines)
-        if v2 and (bad := unpriced_features(plan, PRICED_V2_FEATURES)):
+        if v2 and not _ALL_PRICED and (bad := unpriced_features(plan, PRICED_V2_FEATURES)):
             raise InputError(source, bad[0][0], f"not priced yet by this version's cost model ({FEATURES[bad[0][1]]})")
         devs = self.cluster.devices
         prec = plan.precision

@@ -90,6 +90,11 @@ class CompletionOptions:
     """The floor's one-stage slots across nodes for a batch smaller than a class."""
     type_pools: bool = True
     """Pipelines over one GPU type pooled across its node sizes, priced after refinement."""
+    sequence_parallel: bool = True
+    """Stages of tp > 1 built and sized with sequence parallelism (formats v2): in the cost model it costs no
+    time (its reduce-scatter and all-gather move what the all-reduce did) and holds a tp-th of the activations
+    the all-reduce replicates, so it is a rule, not a choice; every runtime preset runs it. Off with
+    :attr:`AblationSwitches.modern_knobs` (version-1 plans only)."""
 
 
 @dataclass(frozen=True)

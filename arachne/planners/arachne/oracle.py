@@ -41,13 +41,15 @@ class ExhaustivePlanner:
 
     name = "exhaustive"
 
-    def __init__(self, split_radius: int = 2, polish_top: int = 8, max_split_variants: int = 400):
+    def __init__(self, split_radius: int = 2, polish_top: int = 8, max_split_variants: int = 400,
+                 sequence_parallel: bool = True):
         self.split_radius, self.polish_top, self.max_split_variants = split_radius, polish_top, max_split_variants
+        self.sequence_parallel = sequence_parallel  # the completion's rule, as the arachne planner applies it
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
         deadline = budget.deadline()
-        ctx = PlanningContext(cluster, model, job, cost_model)
+        ctx = PlanningContext(cluster, model, job, cost_model, sequence_parallel=self.sequence_parallel)
         pricer = Pricer(ctx, max_priced=None)
         stats = SearchStats()
         with progress_bar(budget.progress, "exhaustive: templates") as advance:

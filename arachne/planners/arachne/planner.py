@@ -47,8 +47,9 @@ WALL_GUARD = 4.0  # the run stops at this many times its target on the wall cloc
 
 
 def _plain_split(plan) -> bool:
-    """A version-1 plan whose stages each hold one contiguous layer range (what polishing moves)."""
-    return not uses_v2(plan) and all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
+    """A plan of the search (version 1, with sequence parallelism where tp > 1) whose stages each hold one
+    contiguous layer range (what polishing moves)."""
+    return not uses_v2(plan, sequence_parallel=False) and all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
 
 
 def _post_share(job: Job, priced: bool = False) -> float:
@@ -156,7 +157,9 @@ class ArachnePlanner:
         extend = o.ablation.mode == "policy" and o.ablation.use_floor and not o.ablation.rank_k and full_target > base
         target = base if extend else full_target
         polish_at = target * (1 - o.shares.polish_share) if self._polishes else target
-        ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts, **asdict(o.completion))
+        rules = asdict(o.completion)
+        rules["sequence_parallel"] = rules["sequence_parallel"] and o.ablation.modern_knobs  # (off: version-1 plans)
+        ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts, **rules)
         pricer = RulePricer(ctx, rules=planner_rules(self.legality)) if self.legality is not None else Pricer(ctx)
         stats = SearchStats()
         early: list = []  # the passes after the search, run before the fallback (long sequences)

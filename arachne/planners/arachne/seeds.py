@@ -31,7 +31,7 @@ from arachne.planners.arachne.actions import STAGE_COUNTS  # noqa: F401 (re-expo
 from arachne.planners.arachne.completion.batch import mbs_candidates
 from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize, recomputes
 from arachne.planners.arachne.completion.place import cap_replicas, placements
-from arachne.planners.arachne.completion.price import build_plan, split_and_share
+from arachne.planners.arachne.completion.price import ALT_WITHIN, P2P_SHARE, build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.rules_view import template_ok
@@ -287,8 +287,13 @@ def quick_time(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> fl
 def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict) -> list[int]:
     """Micro-batch sizes worth pricing: the two largest (the fewest micro-batches: the longest backward to hide
     the gradient reduction behind, as data-parallel plans want; the largest often only with recomputation), then
-    the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want)."""
+    the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want). Without data
+    parallelism (one pipeline, every stage dp 1) there is no reduction to hide: the fastest by
+    :func:`quick_time` that fit, one fewer."""
     opts = sorted(mbs_candidates(tpl, ctx.job), reverse=True)
+    if not any(s.dp > 1 for g in tpl.groups for s in g.slots) and sum(g.replicas for g in tpl.groups) == 1:
+        quick = sorted((quick_time(tpl, ctx, b, cache), -b) for b in opts)
+        return [-b for q, b in quick[: SEED_SIZES - 1] if q < float("inf")]
     if len(opts) <= SEED_SIZES:
         return opts
     top = opts[:2]
@@ -311,11 +316,8 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
     lays = _placed(t, ctx, {} if cache is None else cache)
     if not lays:
         return []
-    for recompute in (False, True):
-        r = split_and_share(t, ctx, mbs, recompute, lays[0])
-        if r is None:
-            continue
-        splits, counts, _ = r
+
+    def forms(recompute: bool, splits: list, counts: list[int]) -> list[Plan | None]:
         even = even_counts(counts)
         plans: list[Plan | None] = []
         for lay in lays:  # pipeline order, and stage order (a stage's replicas share nodes: a cheap reduction)
@@ -326,13 +328,15 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
         # parallel over the replicas), then the even and rule shares
         lock = merged(plans[0]) if plans[0] is not None else None
         step = lock if lock is not None else plans[0]  # (a lock-step template's own plan is one pipeline)
-        forms = expert_parallel_forms(step, ctx) if step is not None else []
-        plans[0:0] = [lock] + [p for p in forms if p != step]
+        plans[0:0] = [lock] + [p for p in (expert_parallel_forms(step, ctx) if step is not None else []) if p != step]
         if convert is not None:
             plans = [convert(p) if p is not None else None for p in plans]
+        return plans
+
+    def priced(plans: list[Plan | None], only: int | None = None) -> list[tuple[int, Plan, Estimate]]:
         out = []
-        for plan in plans:
-            if plan is None or (deadline is not None and deadline.expired()):
+        for i, plan in enumerate(plans):
+            if plan is None or (only is not None and i != only) or (deadline is not None and deadline.expired()):
                 continue
             # overlapped where the framework allows it: never slower in the cost model (the reduction's
             # exposed part only shrinks, memory is the same), so the plain form is priced only in its place
@@ -341,9 +345,24 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
                 continue
             est = cm.estimate(cand, validate=False)
             if est.fits:
-                out.append((cand, est))
+                out.append((i, cand, est))
+        return out
+
+    for recompute in (False, True):
+        r = split_and_share(t, ctx, mbs, recompute, lays[0])
+        if r is None:
+            continue
+        out = priced(forms(recompute, r[0], r[1]))
+        best = max(out, key=lambda x: x[2].tokens_per_s, default=None)
+        if best is not None and ctx.balance_sends and best[2].breakdown["p2p_s"] >= P2P_SHARE * \
+                best[2].iteration_time_s and best[2].tokens_per_s >= ALT_WITHIN * ctx.best_tok_s:
+            # blocking sends take a real share of the step of a seed near the best so far: its fastest form again
+            # with the split that balances them too, as the search's completion prices it (completion/price.py)
+            alt = split_and_share(t, ctx, mbs, recompute, lays[0], sends=True)
+            if alt is not None and alt[0] != r[0]:
+                out += priced(forms(recompute, alt[0], alt[1]), only=best[0])
         if out:
-            return out
+            return [(plan, est) for _, plan, est in out]
     return []
 
 

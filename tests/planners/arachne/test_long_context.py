@@ -150,11 +150,13 @@ def test_a_cp_depth_that_fits_only_recomputing_is_followed_by_one_deeper_at_once
 
 @pytest.mark.slow
 def test_the_seed_just_behind_the_fastest_gets_the_knobs_too():
-    """8B at 64k on 32 H100: the fastest seed is one stage (tp 2, cp 4); the next, two stages at cp 8, is
-    faster once the knobs interleave it, which they do only if it is given them."""
+    """8B at 64k on 32 H100: the fastest seed priced first is one stage (tp 2, cp 4); the next, two stages at cp
+    8, is faster once the knobs interleave it (157,431 tokens/s at 1d2558b), which they do only if it is given
+    them. Since the seeds try only micro-batch sizes that fit, a one-stage cp 8 seed (163,441) is found too: the
+    plan returned is at least the interleaved one, and uses cp 8."""
     ctx = ctx_for("Llama-3.1-8B", 65536)
     res = ArachnePlanner().plan(ctx.cluster, ctx.model, ctx.job, ctx.cost_model, SearchBudget(time_budget_s=20))
     plan = res.plans[0]
     validate_plan(plan, ctx.cluster, ctx.model)
-    assert all(p.virtual_stages > 1 and len(p.stages) == 2 for p in plan.pipelines)
+    assert ctx.cost_model.estimate(plan).tokens_per_s >= 157_000
     assert max(s.cp for p in plan.pipelines for s in p.stages) == 8

