@@ -489,3 +489,17 @@ def test_a_seed_behind_slow_links_is_also_priced_with_the_split_that_balances_it
     slowest = min(priced, key=lambda r: r[1].tokens_per_s)[1]
     assert best.tokens_per_s > 1.05 * slowest.tokens_per_s
 
+
+
+def test_the_tp_walk_starts_from_the_smallest_degree_whose_one_stage_holds_the_model():
+    """Ascending from the smallest tp whose one stage holds the weights and gradients, then the smaller ones
+    descending (fresh hold-out seed89/rob-010: LLaMA-3-70B's seeds spent their time on deep tp 1 and 2 pipelines
+    before Megatron's one stage of tp 8 x dp 16); a small model walks 1, 2, 4, 8; the incumbent's first."""
+    small = ctx_for([("H100", 2, 8, 50.0)])
+    assert seeds.tp_order(small, (0,), (1, 2, 4, 8), None) == [1, 2, 4, 8]
+    big = ctx_for([("H100", 4, 8, 50.0)], model="LLaMA-2-70B")
+    order = seeds.tp_order(big, (0,), (1, 2, 4, 8), None)
+    lo = min(t for t in (1, 2, 4, 8) if seeds.holds_state(big, (0,), t, 1))
+    assert lo > 1 and order[0] == lo and order[-1] == 1
+    assert seeds.tp_order(big, (0,), (1, 2, 4, 8), {2})[0] == 2
+    assert seeds.tp_order(big, (0,), (1, 2, 4, 8), None, multiple=2) == [8, 4, 2, 1]
