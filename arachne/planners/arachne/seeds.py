@@ -60,6 +60,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     pools,
     seed_depths,
     share_time,
+    tp_order,
 )
 from arachne.planners.arachne.template import (
     Group,
@@ -519,22 +520,6 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             step.append((subset, tp, deeper, now, fastest(found)))
         walk = step
     return out
-
-
-def tp_order(ctx: PlanningContext, subset: tuple[int, ...], options: Sequence[int], first: set[int] | None,
-             multiple: int = 1) -> list[int]:
-    """The tp degrees the family walks, the incumbent's (``first``) first: ascending (the fewest collectives
-    first) from the smallest whose one stage holds the model's weights and gradients, then the smaller ones
-    descending (their shallowest depths are pipelines, whose seeds cost the most and are rarely the fastest: fresh
-    hold-out seed89/rob-010, LLaMA-3-70B on 152 H100, spent the family's time on tp 1 and 2 and never reached
-    Megatron's one stage of tp 8 x dp 16); with cp (``multiple``) descending: at long sequences the widest groups
-    are the likeliest to fit, and each depth that does not costs a completion."""
-    flat = [t for t in options if holds_state(ctx, subset, t, 1)]
-    lo = min(flat) if flat else max(options)
-
-    def key(t: int) -> tuple:
-        return (t not in (first or ()), -t) if multiple > 1 else (t not in (first or ()), t < lo, abs(t - lo))
-    return sorted(options, key=key)
 
 
 def fastest(found: list[Priced]) -> float:
