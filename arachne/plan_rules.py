@@ -250,9 +250,9 @@ def uses_v2(plan: Plan, sequence_parallel: bool = True) -> bool:
             or plan.fp8_params or plan.master_weights is not None or plan.optimizer_state_dtype is not None
             or plan.loss is not None or plan.attention_kernel is not None or plan.elementwise_kernels is not None
             or plan.overlap_moe_comm or plan.moe_kernels is not None
-            or any(p.virtual_stages != 1 or any(st.cp != 1 or (sequence_parallel and st.sequence_parallel) or st.recompute == "selective"
-                                                or st.recompute_layers is not None or st.etp is not None
-                                                or st.recompute_modules is not None
+            or any(p.virtual_stages != 1 or any(st.cp != 1 or (sequence_parallel and st.sequence_parallel)
+                                                or st.recompute == "selective" or st.recompute_layers is not None
+                                                or st.etp is not None or st.recompute_modules is not None
                                                 or st.layers is not st.ranges[0] for st in p.stages)
                    for p in plan.pipelines))
 

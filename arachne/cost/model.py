@@ -59,8 +59,7 @@ PRICED_V2_FEATURES: frozenset[str] = frozenset({"virtual_stages", "sequence_para
                                                 "framework", "grad_reduce_in_fp32", "recompute_modules",
                                                 "fp8_params", "master_weights", "optimizer_state_dtype", "loss",
                                                 "attention_kernel", "elementwise_kernels", "overlap_moe_comm",
-                                                "moe_kernels"})
-# plan_rules.v2_fields_used features this cost model prices
+                                                "moe_kernels"})  # plan_rules.v2_fields_used features it prices
 _ALL_PRICED = PRICED_V2_FEATURES >= set(FEATURES)  # then no plan needs the (per-stage) check in estimate
 
 __all__ = ["BREAKDOWN_KEYS", "PRICED_V2_FEATURES", "CostModel", "Estimate", "StageEstimate"]
@@ -449,16 +448,14 @@ class CostModel(SyncMixin, PipelineMixin):
 
     @staticmethod
     def memory_options(plan: Plan) -> tuple:
-        """The plan's optional memory settings as :meth:`stage_memory` takes them (empty when none is set, so
-        that a plan without them is priced and cached exactly as before they existed)."""
+        """The plan's optional memory settings as :meth:`stage_memory` takes them (empty when none is set)."""
         opts = (plan.fp8_params, plan.master_weights, plan.optimizer_state_dtype, plan.loss)
         return () if opts == (False, None, None, None) else opts
 
     @staticmethod
     def kernel_options(plan) -> tuple:
-        """The plan's kernel choices that set stage times (``attention_kernel``, ``elementwise_kernels``,
-        ``moe_kernels``; empty when unset): part of every cache key above the stage's own, which has them too.
-        ``plan`` may be a Job (baselines price with one): the default kernels."""
+        """The plan's kernel choices that set stage times (empty when unset): part of every cache key above the
+        stage's own. ``plan`` may be a Job (baselines price with one): the default kernels."""
         opts = (getattr(plan, "attention_kernel", None), getattr(plan, "elementwise_kernels", None),
                 getattr(plan, "moe_kernels", None), getattr(plan, "overlap_moe_comm", False))
         return () if opts == (None, None, None, False) else opts

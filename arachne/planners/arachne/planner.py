@@ -49,7 +49,8 @@ WALL_GUARD = 4.0  # the run stops at this many times its target on the wall cloc
 def _plain_split(plan) -> bool:
     """A plan of the search (version 1, with sequence parallelism where tp > 1) whose stages each hold one
     contiguous layer range (what polishing moves)."""
-    return not uses_v2(plan, sequence_parallel=False) and all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
+    return not uses_v2(plan, sequence_parallel=False) and all(isinstance(s.layers[0], int)
+                                                               for p in plan.pipelines for s in p.stages)
 
 
 def _post_share(job: Job, priced: bool = False) -> float:
