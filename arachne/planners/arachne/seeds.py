@@ -30,7 +30,7 @@ from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS  # noqa: F401 (re-exported)
 from arachne.planners.arachne.completion.batch import mbs_candidates
 from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize, recomputes
-from arachne.planners.arachne.completion.place import cap_replicas, placements
+from arachne.planners.arachne.completion.place import cap_replicas, placements, stage_orders
 from arachne.planners.arachne.completion.price import ALT_WITHIN, P2P_SHARE, build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
@@ -218,9 +218,11 @@ def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: 
                              count: int = MIXED_LOCKSTEP_DEGREES) -> list[Template]:
     """An MoE model's Megatron form over every GPU type of ``subset`` at once (what ``megatron-oblivious`` runs):
     one pipeline whose stages are data parallel over ``d`` replicas of ``tp`` GPUs, each type serving
-    ``GPUs // (tp d)`` consecutive stages on its first class (the fastest types first), the experts parallel over
-    the largest degree allowed; ``d`` the ``count`` largest that divide the batch, pack into every type's nodes
-    and leave every type at least one stage, at most one stage per layer. Empty for a dense model or one type."""
+    ``GPUs // (tp d)`` consecutive stages on its first class (the fastest types first; after every such form, as
+    :func:`~.completion.place.stage_orders` tries for the search's pipelines, the slowest first: the last stage
+    also runs the output layer, which on the slower type can set the pace), the experts parallel over the largest
+    degree allowed; ``d`` the ``count`` largest that divide the batch, pack into every type's nodes and leave
+    every type at least one stage, at most one stage per layer. Empty for a dense model or one type."""
     pl = pools(ctx, subset, tp)
     if not ctx.model.is_moe or len(pl) < 2:
         return []
@@ -237,7 +239,7 @@ def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: 
         tpl = Template((Group(tuple(Slot(first, tp, dp=d, ep=ep) for first, k in stages for _ in range(k)), 1),))
         if tpl.fits_counts(ctx.classes):
             out.append(tpl)
-    return out
+    return out + [stage_orders(tpl)[1] for tpl in out]
 
 
 def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
