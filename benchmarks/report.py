@@ -52,7 +52,9 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                     "arachne over the best stored baseline per grid case, and the compute ceiling",
                     "python -m benchmarks replay grid --rerun-arachne"),
     "replay-sweeps": ("Stored sweeps, arachne re-planned on the current code",
-                      "arachne over the best stored baseline, every comparable case, each plan validated",
+                      "arachne over the best stored baseline, every comparable case, each plan validated; the "
+                      "baselines as stored, priced by the cost model of the sweep's date (a regression check, "
+                      "not a measure: a sweep re-run end to end, `sweep run --reuse`, is)",
                       "python -m benchmarks replay sweeps 'seed*' 'odd*'"),
     "replay-ceiling": ("The compute ceiling on the stored sweeps",
                        "the ceiling over the best stored baseline, and the share of it stored arachne plans reach",
@@ -146,11 +148,13 @@ NOT_STORED = [  # README numbers whose inputs are not in benchmarks/stored/
     "the cost model's identity caches, old vs new code (`same-plans run` on both commits, then `same-plans "
     "compare`): a comparison of two commits, not a stored result",
 ]
-# stored robustness sweeps, grouped by name patterns
+# stored robustness sweeps, grouped by name patterns; a sweep re-run end to end on later code (every planner on
+# the same clusters, `sweep run --reuse NAME`) is stored as NAME-rerun and counted apart, never twice
+RERUN = "*-rerun"
 GROUPS = [("seed 0-5", ["seed[0-5]"]), ("seed 26-36", ["seed2[6-9]", "seed3[0-6]"]),
           ("odd 100-106", ["odd10[0-6]"]), ("odd 107-115", ["odd10[7-9]", "odd11[0-5]"]),
           ("seed 0-5, 31-36, odd 100-106, 110-115", ["seed[0-5]", "seed3[1-6]", "odd10[0-6]", "odd11[0-5]"]),
-          ("all stored", ["*"])]
+          ("all stored", ["*"]), ("re-run end to end on a later commit", [RERUN])]
 CAVEATS = [
     "One process per core, one thread each (OPENBLAS/OMP/MKL_NUM_THREADS=1), as the CLI runs.",
     "This machine's speed drifts: by up to 20% between runs within a session, more between sessions. Wall "
@@ -226,10 +230,13 @@ def stored_robustness(sweeps: list[common.Sweep], entries: dict[str, dict]) -> t
            "Random production-like clusters (4-1024 GPUs, 2-6 GPU types, node sizes 1, 2, 4, 8; the `odd` sweeps "
            "also 3, 5, 6, 7), every planner through the CLI with a 5 s budget. arachne's plans are the ones of the "
            "code at each draw, not the current code (re-planned: the `replay sweeps` section, if present). "
-           "Ratios: arachne's tokens/s over the best baseline's, over the cases where both found a plan.", ""]
+           "Ratios: arachne's tokens/s over the best baseline's, over the cases where both found a plan. A sweep "
+           "named `NAME-rerun` is NAME's clusters with every planner run again on a later commit (`sweep run "
+           "--reuse NAME`; its commit below), counted in its own row, not in the others.", ""]
     rows = []
     for label, patterns in GROUPS:
-        sel = [s for s in sweeps if any(fnmatchcase(s.name, p) for p in patterns)]
+        sel = [s for s in sweeps if any(fnmatchcase(s.name, p) for p in patterns)
+               and (patterns == [RERUN]) == fnmatchcase(s.name, RERUN)]
         if sel and (label == "all stored" or len(sel) < len(sweeps)):
             rows.append({"sweeps": label, "n": len(sel), **sweep_stats(sel)})
     out += md_table(rows, ["sweeps", "n", "cases", "geomean", "min", "at_least_0.99", "at_least_1.0",
@@ -250,7 +257,7 @@ def stored_robustness(sweeps: list[common.Sweep], entries: dict[str, dict]) -> t
     out += md_table([{"sweep": s.name, "command": entries.get(s.name, {}).get("command", s.source),
                       "commit": entries.get(s.name, {}).get("commit"), "date": entries.get(s.name, {}).get("date")}
                      for s in sweeps])
-    return out, sweep_stats(sweeps)
+    return out, sweep_stats([s for s in sweeps if not fnmatchcase(s.name, RERUN)])
 
 
 def stored_grid(grid: common.Sweep, entry: dict) -> tuple[list[str], dict]:

@@ -242,3 +242,22 @@ def test_same_plans_runs_and_compares(tmp_path):
     assert res.returncode == 0 and "differ in 0" in res.stdout
     rows = [json.loads(line) for line in b.read_text().splitlines()]
     assert set(rows[0]) == {"case", "plan", "tokens_per_s", "mfu", "work_s", "wall_s"} and len(rows[0]["plan"]) == 16
+
+
+def test_a_sweep_rerun_end_to_end_is_counted_apart_never_twice():
+    """``NAME-rerun`` (NAME's clusters, every planner again on later code) gets its own row in the stored-sweeps
+    table and is left out of every other row and of the headline numbers."""
+    from benchmarks.common import Sweep
+    from benchmarks.report import stored_robustness
+
+    def sweep(name: str, arachne: float) -> Sweep:
+        runs = [{"case": "rob-000", "planner": "arachne", "tokens_per_s": arachne, "status": "ok", "wall_s": 1.0},
+                {"case": "rob-000", "planner": "megatron", "tokens_per_s": 100.0, "status": "ok", "wall_s": 1.0}]
+        return Sweep(name, "robustness", {"cases": [{"name": "rob-000"}], "runs": runs}, {}, name)
+
+    text, stats = stored_robustness([sweep("seed0", 90.0), sweep("seed0-rerun", 120.0)], {})
+    rows = {ln.split("|")[1].strip(): ln for ln in text if ln.startswith("| ")}
+    assert stats["cases"] == 1 and stats["min"] == pytest.approx(0.9)
+    assert "| 1 | 1 | 0.9000 |" in rows["all stored"]
+    assert "| 1 | 1 | 1.200 |" in rows["re-run end to end on a later commit"]
+    assert "| 1 | 1 | 0.9000 |" in rows["seed 0-5"]
