@@ -3,8 +3,11 @@
 ``replay sweeps SWEEP...``: every comparable case of robustness sweeps (a stored name, a pattern such as
 ``'seed3[1-6]'``, or a runs.json) re-planned with ``ArachnePlanner`` options (``--options '{"target_s": 0.7}'``),
 each plan validated, against the best stored baseline: geometric mean, minimum, cases below 0.99, per sweep
-and over all. The work clock makes every run reproducible, so another benchmark may share the machine. Also a
-tool for tuning the planner's defaults; confirm a change on sweeps it was not chosen on.
+and over all. The baselines are as stored, priced by the cost model of the sweep's commit: on a sweep drawn
+before a cost-model change the ratios compare two models (a regression check between two arachne commits, not
+a measure; ``sweep run --reuse NAME`` re-runs every planner on the sweep's clusters). The work clock makes every
+run reproducible, so another benchmark may share the machine. Also a tool for tuning the planner's defaults;
+confirm a change on sweeps it was not chosen on.
 
 ``replay grid``: arachne over the best baseline per case of the planners grid (stored ``grid``, or a grid
 result), optionally re-planning arachne's rows on the current code, with the compute ceiling per case.
@@ -99,6 +102,9 @@ def sweeps(a) -> None:
     low = [(f"{r['sweep']}/{r['case']}", round(r["ratio"], 3)) for r in rows if r["ratio"] < 0.99]
     common.print_table(f"arachne re-planned vs the best stored baseline, options {json.dumps(options)}", summary)
     common.console.print(f"{common.ratio_line(total)}; below 0.99: {low}; invalid plans: {invalid or 'none'}",
+                         highlight=False)
+    common.console.print("the baselines are as stored, priced by the cost model of each sweep's commit: a check "
+                         "against regressions, not a measure (`sweep run --reuse NAME` re-runs every planner)",
                          highlight=False)
     if rows:
         common.write_result(a.out, a.name, rows, summary, {"options": options, "budget": a.budget,
