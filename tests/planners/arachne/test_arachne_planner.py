@@ -835,6 +835,10 @@ def test_micro_batch_candidates_reach_32_sequences_per_gpu_of_the_widest_stage()
     # power of two is a multiple of 200; its own multiples, 1 or 5 sequences per replica, are the candidates
     lock = Template((Group((Slot(0, 1, 200, 20),), 1),))
     assert mbs_candidates(lock, Job(global_batch_size=1000, sequence_length=512)) == [200, 1000]
+    # a lock-step stage of 256 replicas (a batch of 1,024 on 256 of 480 A100, fresh hold-out seed90/rob-023):
+    # 2 and 4 sequences per replica too (Megatron's plan runs 4), not only 1 (the sizes stopped at 32 x 8)
+    wide256 = Template((Group((Slot(0, 1, 256, 4),), 1),))
+    assert mbs_candidates(wide256, Job(global_batch_size=1024, sequence_length=1024)) == [256, 512, 1024]
 
 
 def test_wide_rules_leave_out_the_classes_whose_nodes_are_too_narrow():

@@ -110,7 +110,9 @@ def mbs_candidates(template: Template, job: Job, allow_fewer_pipelines: bool = F
     those that feed fewer micro-batches than the template has pipelines (the rest are dropped)."""
     n_pipes = sum(g.replicas for g in template.groups)
     dps = {s.dp for g in template.groups for s in g.slots}
-    choices = MBS_CHOICES + tuple(MBS_CHOICES[-1] * d for d in (2, 4, 8) if d <= max(dps))
+    top = max(dps)  # up to 32 sequences per GPU of the widest stage: 32 x its dp (the power of two at or above it)
+    choices = MBS_CHOICES + tuple(MBS_CHOICES[-1] * 2 ** i for i in range(1, top.bit_length() + 1)
+                                  if 2 ** (i - 1) < top)
     # a lock-step stage's dp off the powers of two (200 replicas for a batch of 1000) divides none of them: its
     # own multiples, 1-32 sequences per replica
     wide = lcm(*dps)
