@@ -398,6 +398,8 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
                   max_estimates, deadline, work)
     steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.interleave,
              knobs.experts, knobs.moe_overlap, knobs.zero]
+    if recomputes(plan) and replicated(plan):  # short of memory: what ZeRO frees comes first, before the deadline
+        steps = [knobs.overlap, knobs.zero] + [s for s in steps if s not in (knobs.overlap, knobs.zero)]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
         if knobs.spent():
             break
