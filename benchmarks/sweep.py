@@ -155,7 +155,7 @@ def run(a) -> None:
             if r["planner"] not in planners:
                 reused.setdefault(r["case"], []).append(Run(**r))
         planners += [p for p in args["planners"] if p not in planners]
-        name = f"{old.name}-replay"
+        name = f"{old.name}-rerun"  # stored under this name, the report counts it apart (report.RERUN)
     else:
         seed, n = a.seed or 0, a.n or 30
         node_sizes = node_sizes_of(a.node_sizes) if a.node_sizes else common.NODE_SIZES
