@@ -270,13 +270,22 @@ class Worker:
             if world > 1:
                 dist.all_reduce(total)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            peak = None
+            if self.device.type == "cuda":  # the step's peak allocated bytes, the largest over the ranks
+                mem = torch.tensor([float(torch.cuda.max_memory_allocated(self.device))], dtype=torch.float64,
+                                   device=self.device)
+                if world > 1:
+                    dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+                peak = float(mem[0])
+                torch.cuda.reset_peak_memory_stats(self.device)
             loss = float(total[0]) / (self.plan.global_batch_size * self.plan.sequence_length)
             samples += self.plan.global_batch_size
             losses.append(loss)
             if cfg.checkpoint_dir:
                 self.save_checkpoint(step + 1, samples, losses)
             if self.rank == 0:
-                self.report({"type": "step", "step": step, "loss": loss, "time_s": float(dt[0])})
+                msg = {"type": "step", "step": step, "loss": loss, "time_s": float(dt[0])}
+                self.report(msg if peak is None else msg | {"peak_memory_bytes": peak})
 
 
 def load_adam_state(opt: torch.optim.Optimizer, entries: list[tuple[ParamSpec, torch.nn.Parameter]],

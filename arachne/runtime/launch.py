@@ -77,9 +77,11 @@ class StepRecord:
     step: int
     loss: float
     time_s: float
+    peak_memory_bytes: float | None = None  # on CUDA: the step's peak allocated bytes, largest over the ranks
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "loss": self.loss, "time_s": self.time_s}
+        out = {"step": self.step, "loss": self.loss, "time_s": self.time_s}
+        return out if self.peak_memory_bytes is None else out | {"peak_memory_bytes": self.peak_memory_bytes}
 
 
 @dataclass
@@ -217,7 +219,7 @@ def _spawn(cfg: WorkerConfig, world: int, result: RunResult, on_step: Callable[[
     def handle(msg: dict[str, Any]) -> None:
         nonlocal done
         if msg["type"] == "step":
-            rec = StepRecord(msg["step"], msg["loss"], msg["time_s"])
+            rec = StepRecord(msg["step"], msg["loss"], msg["time_s"], msg.get("peak_memory_bytes"))
             result.records.append(rec)
             if on_step:
                 on_step(rec)

@@ -257,8 +257,8 @@ class Attention(nn.Module):
         q_lo, q_hi, kv_lo, kv_hi = attention_heads(model, tp.size, tp.rank)
         self.heads, self.kv, self.hd = q_hi - q_lo, kv_hi - kv_lo, model.head_dim
         group = model.num_attention_heads // model.kv_heads
-        self.register_buffer("kv_index", torch.tensor([(q_lo + j) // group - kv_lo for j in range(self.heads)]),
-                             persistent=False)
+        kv_index = [(q_lo + j) // group - kv_lo for j in range(self.heads)]
+        self.register_buffer("kv_index", torch.tensor(kv_index, device=store.device), persistent=False)
         b = model.bias
         self.wq, self.wk, self.wv, self.wo = (store.make(specs[f"{prefix}{n}.weight"]) for n in "qkvo")
         self.bq, self.bk, self.bv, self.bo = ((store.make(specs[f"{prefix}{n}.bias"]) if b else None) for n in "qkvo")
