@@ -164,6 +164,11 @@ def build() -> argparse.ArgumentParser:
                    "moe_layer.yaml")
     p.add_argument("--fit", action="store_true", help="print the anchor fit beside the frozen constants")
     _out(p, R / "cost_model")
+    p = _add(g, "device", "benchmarks.device_error:run", "vs what benchmarks/device/device_check.sh measured")
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "device" /
+                   "2026-12-04-h200", help="one output folder of the script (default: the 2026-12-04 H200 run)")
+    p.add_argument("--gpu", default="H200", help="the GPU type it ran on (catalog name)")
+    _out(p, R / "cost_model")
     p = _add(g, "published", "benchmarks.published:run", "vs published end-to-end runs (data/published_runs)")
     p.add_argument("--data", type=Path, default=None, help="runs file (default data/published_runs/runs.yaml)")
     _out(p, R / "cost_model")

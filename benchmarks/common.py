@@ -134,7 +134,11 @@ def cell(v: Any) -> str:
     return str(v)
 
 
-LABELS = {"at_least_0.99": ">= 0.99x", "at_least_1.0": ">= 1.0x", "arachne_median_wall_s": "arachne median wall s"}
+LABELS = {"at_least_0.99": ">= 0.99x", "at_least_1.0": ">= 1.0x", "arachne_median_wall_s": "arachne median wall s",
+          "block_ms": "block ms", "fused_pct": "fused %", "eager_pct": "eager %", "head_ms": "head ms",
+          "head_pct": "head %", "err_pct": "error %", "time_pct": "time %", "memory_pct": "memory %",
+          "measured_s": "measured s", "estimated_s": "estimate s", "measured_gib": "measured GiB",
+          "estimated_gib": "estimate GiB", "measured_tflops": "measured TFLOP/s", "model_tflops": "model TFLOP/s"}
 """Column headers for keys whose JSON name reads badly in a table."""
 
 

@@ -42,6 +42,11 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                              "measurements of Megatron-Core (class grouped) and SonicMoE (class fused); anchors: the "
                              "7B and 30B panels, checks: the 1.4B and 120B panels",
                              "python -m benchmarks cost-model moe-layer"),
+    "cost-model-device": ("Measured on a GPU",
+                          "arachne's own runtime on one GPU (benchmarks/device/device_check.sh, data/device): the "
+                          "analytic model per block, head and GEMM (errors in % of the measurement, negative: "
+                          "optimistic), CUDA vs CPU losses, and a measured run vs its estimate",
+                          "python -m benchmarks cost-model device"),
     "cost-model-published": ("Published end-to-end runs",
                              "iteration time and memory vs published runs, each priced as its formats-v2 plan; runs "
                              "using a feature the model does not price reported apart; half held out",
