@@ -47,6 +47,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     EQUAL_SHARE_CLASSES,
     EQUAL_SHARE_SUBSETS,
     EQUAL_SHARE_TYPES,
+    class_pinned,
     class_subsets,
     equal_share_seeded,
     equal_share_subsets,
@@ -417,7 +418,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             if tpl is None or (legality is not None and not template_ok(tpl, legality)):
                 continue
             cache: dict = {}
-            for t in batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]:
+            shares = batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]
+            for t in [v for t in shares for v in (t, *(class_pinned(ctx, t) if t is not tpl else ()))]:
                 sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else seed_sizes(t, ctx, cache)
                 for mbs in sizes:
                     if deadline.expired():

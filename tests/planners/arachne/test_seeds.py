@@ -510,3 +510,19 @@ def test_the_tp_walk_starts_from_the_smallest_degree_whose_one_stage_holds_the_m
     assert lo > 1 and order[0] == lo and order[-1] == 1
     assert seeds.tp_order(big, (0,), (1, 2, 4, 8), {2})[0] == 2
     assert seeds.tp_order(big, (0,), (1, 2, 4, 8), None, multiple=2) == [8, 4, 2, 1]
+
+
+def test_capped_pooled_replicas_are_also_priced_on_each_later_class_of_their_type():
+    """re-run odd110/rob-004 (GPT-Neo-2.7B, a batch of 16): the pooled A100 pipelines took the nodes of 8 first,
+    whose one NIC serves four tp-2 replicas; the nodes of 2, each with its own NIC, sync the gradients faster."""
+    ctx = ctx_for([("A100-80", 2, 8, 6.25), ("A100-80", 16, 2, 25.0), ("V100-16", 2, 8, 6.25)],
+                  model="GPT-Neo-2.7B", gbs=16, seq=1024)
+    big, small = (c.index for c in ctx.classes if c.gpu.name.startswith("A100"))
+    pooled = Template((Group((Slot(big, 2, pool=True),), 8),))  # 16 GPUs: the 8-GPU nodes hold them, so do the 2s
+    (pinned,) = seeds.class_pinned(ctx, pooled)
+    assert pinned.groups[0].slots == (Slot(small, 2),) and pinned.groups[0].replicas == 8
+    assert seeds.class_pinned(ctx, Template((Group((Slot(big, 2, pool=True),), 17),))) == []  # over 32 GPUs
+    assert seeds.class_pinned(ctx, Template((Group((Slot(big, 2),), 8),))) == []  # not pooled: placed as asked
+    found = seeds.seed_plans(ctx, Deadline(60.0))  # the family prices 16 tp-2 replicas on the nodes of 2
+    assert any(len(p.devices) == 32 and {d.split("-")[0] for d in p.devices} == {"g1"}
+               and all(st.tp == 2 for q in p.pipelines for st in q.stages) for p, _ in found)
