@@ -128,22 +128,30 @@ def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[
 
 
 def class_pinned(ctx: PlanningContext, tpl: Template) -> list[Template]:
-    """A template of one group whose pipelines draw from a GPU type's pooled classes (:func:`pools`), with fewer
-    pipelines than the pool holds (the batch capped them: :func:`~.seeds.batch_shares`), on each later class of the
-    type that holds them alone. The pool takes its first class first, whose nodes may be the worse ones for the
-    gradient sync: re-run odd110/rob-004 (GPT-Neo-2.7B, a batch of 16) put 16 tp-2 replicas on A100 nodes of 8 at
-    6.25 GB/s per node, where Megatron's grid runs them on A100 nodes of 2 with their own NICs (1.31x faster)."""
-    if len(tpl.groups) != 1:
+    """A template of one group of one-stage pipelines drawing from a GPU type's pooled classes (:func:`pools`),
+    fewer pipelines than the pool holds (the batch capped them: :func:`~.seeds.batch_shares`), also on each later
+    class of the type with more NIC bandwidth per GPU, alone, as many as it holds up to that number and the batch
+    divides. The pool takes its first class first, whose nodes may be the worse ones for the gradient sync: re-run
+    odd110/rob-004 (GPT-Neo-2.7B, a batch of 16) put 16 tp-2 replicas on A100 nodes of 8 at 6.25 GB/s per node,
+    where Megatron's grid runs them on A100 nodes of 2 with their own NICs (1.31x faster); re-run seed33/rob-019
+    (GPT-3-1.3B, a batch of 64): the pool's 32 replicas took 16 A100 in nodes of 8 first, Megatron's grid ran 16
+    on the 20 in nodes of 2 (1.14x). Priced after every other form of the template (they can cost the family's
+    share its best form: odd112/rob-018 lost 7% when they came first)."""
+    if len(tpl.groups) != 1 or len(tpl.groups[0].slots) != 1:  # one stage: the replicas' sync is what matters
         return []
     g = tpl.groups[0]
     if not any(s.pool for s in g.slots) or len({s.cls for s in g.slots}) != 1 or any(s.span for s in g.slots):
         return []
-    first = ctx.classes[g.slots[0].cls]
-    need = sum(s.gpus for s in g.slots) * g.replicas
+    first, gbs = ctx.classes[g.slots[0].cls], ctx.job.global_batch_size
+    per = sum(s.gpus for s in g.slots)
     out = []
     for j, _, size in first.kin:
-        if j > first.index and ctx.classes[j].count >= need and all(slot_fits_nodes(s.gpus, size) for s in g.slots):
-            out.append(Template((Group(tuple(Slot(j, s.tp, s.dp, s.ep) for s in g.slots), g.replicas),)))
+        if j <= first.index or ctx.classes[j].inter_node_bw / size <= first.inter_node_bw / first.node_size or \
+                not all(slot_fits_nodes(s.gpus, size) for s in g.slots):
+            continue
+        reps = next((d for d in range(min(g.replicas, ctx.classes[j].count // per), 0, -1) if gbs % d == 0), 0)
+        if reps:
+            out.append(Template((Group(tuple(Slot(j, s.tp, s.dp, s.ep) for s in g.slots), reps),)))
     return out
 
 

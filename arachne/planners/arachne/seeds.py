@@ -419,7 +419,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 continue
             cache: dict = {}
             shares = batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]
-            for t in [v for t in shares for v in (t, *(class_pinned(ctx, t) if t is not tpl else ()))]:
+            for t in shares + [v for t in shares if t is not tpl for v in class_pinned(ctx, t)]:
                 sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else seed_sizes(t, ctx, cache)
                 for mbs in sizes:
                     if deadline.expired():
