@@ -364,7 +364,8 @@ def test_the_type_first_seed_also_tries_half_the_replicas_where_the_gradient_syn
         by_dp[dp] = max(by_dp.get(dp, 0.0), e.tokens_per_s)
     assert 32 in by_dp and 16 in by_dp and by_dp[16] > by_dp[32]
     p16 = max((r for r in one_stage if r[0].pipelines[0].stages[0].dp_size == 16), key=lambda r: r[1].tokens_per_s)[0]
-    assert len({d.split(":")[0] for d in p16.pipelines[0].stages[0].devices}) == 2  # two nodes of 8
+    # fewer nodes than the 32 replicas' five: two of 8, or (class_pinned) four of 4 with a NIC per 4 GPUs
+    assert len({d.split(":")[0] for d in p16.pipelines[0].stages[0].devices}) <= 4
 
 
 def test_the_family_goes_deeper_again_while_the_deeper_depth_prices_faster(monkeypatch):
