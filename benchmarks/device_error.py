@@ -165,6 +165,10 @@ def run_rows(secs: dict[str, list[str]], profiles: list[Path]) -> list[dict[str,
 
 def run(a) -> None:
     data = Path(a.data)
+    if not (data / "runs.txt").is_file():
+        common.fail(f"{data}: not an output folder of benchmarks/device/device_check.sh (no runs.txt)")
+    if gpu_catalog().get(a.gpu) is None:
+        common.fail(f"--gpu: unknown GPU type {a.gpu!r} (see `arachne gpus`)")
     log = (data / "runs.txt").read_text()
     secs = sections(log)
     gpu_name = a.gpu

@@ -35,3 +35,11 @@ def test_the_stored_h200_run(tmp_path):
     assert abs(runs["llama8b-4l-bf16 / profile"]["time_pct"]) < 5
     assert runs["llama8b-4l-bf16 / analytic, fused"]["time_pct"] < runs["llama8b-4l-bf16 / analytic, eager"]["time_pct"]
     assert abs(runs["llama8b-4l-bf16 / profile"]["memory_pct"]) < 10
+
+
+def test_a_folder_without_the_log_is_one_line_and_exit_2(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        device_error.run(argparse.Namespace(data=tmp_path, gpu="H200", out=tmp_path))
+    assert exc.value.code == 2 and "no runs.txt" in capsys.readouterr().err
