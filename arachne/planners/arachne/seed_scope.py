@@ -135,23 +135,21 @@ def class_pinned(ctx: PlanningContext, tpl: Template) -> list[Template]:
     odd110/rob-004 (GPT-Neo-2.7B, a batch of 16) put 16 tp-2 replicas on A100 nodes of 8 at 6.25 GB/s per node,
     where Megatron's grid runs them on A100 nodes of 2 with their own NICs (1.31x faster); re-run seed33/rob-019
     (GPT-3-1.3B, a batch of 64): the pool's 32 replicas took 16 A100 in nodes of 8 first, Megatron's grid ran 16
-    on the 20 in nodes of 2 (1.14x). Priced after every other form of the template (they can cost the family's
-    share its best form: odd112/rob-018 lost 7% when they came first)."""
+    on the 20 in nodes of 2 (1.14x). The seed family prices them after the template's other forms."""
     if len(tpl.groups) != 1 or len(tpl.groups[0].slots) != 1:  # one stage: the replicas' sync is what matters
         return []
-    g = tpl.groups[0]
-    if not any(s.pool for s in g.slots) or len({s.cls for s in g.slots}) != 1 or any(s.span for s in g.slots):
+    (s,), replicas = tpl.groups[0].slots, tpl.groups[0].replicas
+    if not s.pool or s.span:
         return []
-    first, gbs = ctx.classes[g.slots[0].cls], ctx.job.global_batch_size
-    per = sum(s.gpus for s in g.slots)
+    first, gbs = ctx.classes[s.cls], ctx.job.global_batch_size
     out = []
     for j, _, size in first.kin:
         if j <= first.index or ctx.classes[j].inter_node_bw / size <= first.inter_node_bw / first.node_size or \
-                not all(slot_fits_nodes(s.gpus, size) for s in g.slots):
+                not slot_fits_nodes(s.gpus, size):
             continue
-        reps = next((d for d in range(min(g.replicas, ctx.classes[j].count // per), 0, -1) if gbs % d == 0), 0)
+        reps = next((d for d in range(min(replicas, ctx.classes[j].count // s.gpus), 0, -1) if gbs % d == 0), 0)
         if reps:
-            out.append(Template((Group(tuple(Slot(j, s.tp, s.dp, s.ep) for s in g.slots), reps),)))
+            out.append(Template((Group((Slot(j, s.tp, s.dp, s.ep),), reps),)))
     return out
 
 
