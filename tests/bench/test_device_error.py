@@ -43,3 +43,15 @@ def test_a_folder_without_the_log_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         device_error.run(argparse.Namespace(data=tmp_path, gpu="H200", out=tmp_path))
     assert exc.value.code == 2 and "no runs.txt" in capsys.readouterr().err
+
+
+def test_the_gemm_timing_is_named(tmp_path):
+    """A log that timed one GEMM per pair of events says so (its small GEMMs measure the host's dispatch); one
+    that timed them back to back does not."""
+    for title, want in (("bf16 GEMM throughput (median of 20 after 5 warm-ups)", "one GEMM per event pair"),
+                        ("bf16 GEMM throughput (50 back-to-back between two events)", "many GEMMs per event pair")):
+        (tmp_path / "runs.txt").write_text(f"== 12:00:00 {title}\ngemm 4096 4096 4096 700.0\n")
+        device_error.run(argparse.Namespace(data=tmp_path, gpu="H200", out=tmp_path))
+        s = json.loads((tmp_path / "device.json").read_text())["summary"]
+        assert s["gemm_timing"].startswith(want)
+        assert s["gemm_mape_pct_over_50_gflop"] is not None
