@@ -57,6 +57,11 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--reuse", default=None, help="a stored sweep (name) or runs.json: its clusters, and the runs of "
                                                  "planners not in --planners, are taken from it")
     p.add_argument("--out", type=Path, default=None, help="output folder (default results/sweeps/<name>)")
+    p = _add(g, "recheck", "benchmarks.recheck:recheck",
+             "run a baseline's misses in stored sweeps again on the current code")
+    p.add_argument("sweeps", nargs="+", help="stored names or patterns ('seed8*', '*-rerun')")
+    p.add_argument("--planners", default="megatron,megatron-oblivious", help="the baselines whose misses to re-run")
+    _out(p, R / "sweeps")
     p = _add(g, "summarize", "benchmarks.sweep:summarize", "the summary line over several sweeps")
     p.add_argument("sweeps", nargs="+", help="stored names, patterns ('odd*') or runs.json files")
 

@@ -24,6 +24,7 @@ from arachne.spec.cluster import Cluster, Node
 from arachne.spec.gpus import GPUType
 from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec, model_ref
+from arachne.spec.runtimes import Legality
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)
 
@@ -170,6 +171,9 @@ class Ctx:
     deadline: Deadline
     stats: SearchStats
     ranked: dict[int, tuple[float, Plan]] = field(default_factory=dict)
+    legal: Callable[[Plan], bool] | None = None
+    """Whether a plan can satisfy the run's rules (runtime preset and constraints; None: no rules): a
+    baseline told them keeps only such plans, as a user of its framework targeting that runtime would."""
     _time_cache: dict[tuple, tuple[float, float]] = field(default_factory=dict)
     _opt_cache: dict[tuple, float] = field(default_factory=dict)
 
@@ -181,7 +185,11 @@ class Ctx:
         return False
 
     def add(self, plan: Plan, score: float) -> None:
-        """Record a candidate with its native score (lower is better); duplicates keep the best."""
+        """Record a candidate with its native score (lower is better); duplicates keep the best; a plan that
+        breaks the rules (:attr:`legal`) is not recorded."""
+        if self.legal is not None and not self.legal(plan):
+            self.stats.notes["illegal"] = self.stats.notes.get("illegal", 0) + 1
+            return
         key = hash(plan)
         old = self.ranked.get(key)
         if old is None or score < old[0]:
@@ -308,10 +316,12 @@ def fp8_variant(plan: Plan, cluster: Cluster) -> Plan | None:
 
 
 def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, deadline: Deadline, grace_s: float,
-                 variants: Callable[[Plan], list[Plan]] | None = None) -> tuple[list[Plan], list[float], int, int]:
+                 variants: Callable[[Plan], list[Plan]] | None = None,
+                 legal: Callable[[Plan], bool] | None = None) -> tuple[list[Plan], list[float], int, int]:
     """§9 harness rule: walk the native ranking, drop plans that do not fit under the common model,
     keep the first ``k`` that fit. With ``variants`` (the EP post-pass) each ranked plan stands for
-    its fastest fitting variant. Returns (plans, scores, dropped, invalid)."""
+    its fastest fitting variant; with ``legal`` (:attr:`Ctx.legal`), its fastest fitting variant that can
+    satisfy the rules. Returns (plans, scores, dropped, invalid)."""
     plans, scores = [], []
     dropped = invalid = 0
     stop_at = time.perf_counter() + deadline.remaining + grace_s
@@ -320,6 +330,8 @@ def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, 
             break
         best: tuple[float, Plan] | None = None
         for cand in (variants(plan) if variants else [plan]):
+            if legal is not None and not legal(cand):
+                continue
             try:
                 est = cost.estimate(cand)
             except InputError:
@@ -353,6 +365,25 @@ class BaselinePlanner:
         self.quirks = quirks
         self.ep_postpass = ep_postpass
 
+    legality: Legality | None = None
+
+    def restrict(self, legality: Legality | None, objective: object = None) -> None:
+        """Search for plans the run's rules (``--runtime``, ``--constraints``) allow: the harness calls this before
+        :meth:`plan`. A baseline keeps and ranks only plans that can satisfy them (:attr:`Ctx.legal`), so its
+        best legal plan is not crowded out of its top-k by plans the runtime cannot run. It plans for
+        throughput whatever the objective (the harness ranks its plans by the objective)."""
+        self.legality = legality if legality is not None and not legality.free else None
+
+    def _legal(self, cluster: Cluster) -> Callable[[Plan], bool] | None:
+        """:attr:`Ctx.legal` for a run on ``cluster`` (the full cluster), or None without rules: the plan, or
+        one of the variants the harness also tries (ZeRO stage, Megatron-expressible split), breaks none."""
+        rules = self.legality
+        if rules is None:
+            return None
+        from arachne.planners.harness import legal_variants  # (the harness imports the planners)
+
+        return lambda plan: any(not rules.errors(v, cluster) for v in legal_variants(plan, rules))
+
     def search(self, ctx: Ctx) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
@@ -364,7 +395,7 @@ class BaselinePlanner:
         sub, note = uniform_subcluster(cluster) if self.uniform_nodes else (cluster, None)
         if note:
             stats.notes["subcluster"] = note
-        ctx = Ctx(sub, model, job, cost_model, budget, deadline, stats)
+        ctx = Ctx(sub, model, job, cost_model, budget, deadline, stats, legal=self._legal(cost_model.cluster))
         self.search(ctx)
         ranked = sorted(ctx.ranked.values(), key=lambda sp: sp[0])
         stats.notes["ranked"] = len(ranked)
@@ -381,7 +412,8 @@ class BaselinePlanner:
         k = max(1, budget.top_k)
         if self.harness:
             plans, scores, dropped, invalid = harness_walk(ranked, cost_model, k, deadline,
-                                                           max(1.0, 0.25 * budget.time_budget_s), variants)
+                                                           max(1.0, 0.25 * budget.time_budget_s), variants,
+                                                           ctx.legal)
             stats.notes["dropped_unfit"] = dropped
             if plans:  # §11.2 "faithful" mode: the first fitting plan in the native ranking
                 stats.notes["faithful_pick_iteration_s"] = cost_model.estimate(plans[0]).iteration_time_s

@@ -41,6 +41,7 @@ from arachne.planners.baselines.megatron_knobs import (
 from arachne.planners.protocol import progress_bar
 from arachne.spec.cluster import Cluster, Node
 from arachne.spec.gpus import GPUType
+from arachne.spec.runtimes import Legality
 
 INTERLEAVE_SLACK = 0.1
 """v > 1 is tried while the v = 1 time less its bubble is under (1 + this) x the best time so far:
@@ -87,6 +88,23 @@ class MegatronPlanner(BaselinePlanner):
         self._top = TopK(16)
         if oblivious:
             self.name = "megatron-oblivious"
+
+    def restrict(self, legality: Legality | None, objective: object = None) -> None:
+        """Also narrow the launch options to what the rules allow, as a Megatron-LM user targeting that runtime
+        would: no ``--num-layers-per-virtual-pipeline-stage`` where interleaving is not allowed, cp up to the
+        constraints' ``max_cp``, no ``--fp8-format`` where fp8 is not, ``--expert-tensor-parallel-size`` only
+        where the runtime runs experts at their own tp, ``--overlap-moe-expert-parallel-comm`` only where it
+        overlaps them, the distributed optimizer only where ZeRO-1 is allowed. Other rules filter the plans."""
+        super().restrict(legality, objective)
+        if self.legality is None:
+            return
+        c, r, k = self.legality.constraints, self.legality.runtime, self.knobs
+        self.knobs = dataclasses.replace(
+            k, max_virtual_stages=1 if c.virtual_stages is False else k.max_virtual_stages,
+            max_cp=min(k.max_cp, c.max_cp or k.max_cp), context_parallel=k.context_parallel and c.max_cp != 1,
+            fp8=k.fp8 and c.fp8 is not False, expert_tp=k.expert_tp and not r.expert_tp_is_tp,
+            moe_overlap=k.moe_overlap and r.moe_comm_overlap,
+            distributed_optimizer=k.distributed_optimizer and (c.zero_stages is None or 1 in c.zero_stages))
 
     # ---- variants -------------------------------------------------------------------------------
     def search(self, ctx: Ctx) -> None:
@@ -155,6 +173,8 @@ class MegatronPlanner(BaselinePlanner):
 
         def keep(rung: Rung) -> None:
             for plan, got in rung.found:
+                if ctx.legal is not None and not ctx.legal(plan):  # the bounds count only plans the rules allow
+                    continue
                 ctx.add(plan, got.time_s)
                 top.push(got.time_s)
                 found.append((plan, got))
@@ -208,7 +228,7 @@ class MegatronPlanner(BaselinePlanner):
             if got.time_s - got.ep_s >= top.best or ctx.expired():
                 break
             cand = moe_overlap_variant(plan, ctx.model, self.knobs)
-            if cand is not None and (res := fits(cand)).fits:
+            if cand is not None and (ctx.legal is None or ctx.legal(cand)) and (res := fits(cand)).fits:
                 ctx.add(cand, res.time_s)
                 top.push(res.time_s)
 

@@ -233,3 +233,21 @@ def test_a_model_bigger_than_the_cluster_fails_before_any_search(planner, monkey
     with pytest.raises(NoFeasiblePlanError, match="short by"):
         run_planner(planner, cl, model_catalog().get("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048),
                     budget=SearchBudget(time_budget_s=60))
+
+
+@pytest.mark.parametrize("planner", BASELINES)
+def test_a_baseline_told_the_rules_ranks_only_plans_they_allow(planner: str) -> None:
+    """Under Megatron-LM's rules (one structure for every replica, its layer split, ZeRO 0/1) every plan a
+    baseline ranks can satisfy them, so its best legal plan is not crowded out of its top-k."""
+    from arachne.planners.harness import legal_variants
+    from arachne.spec.runtimes import Legality
+
+    rules = Legality.of("megatron")
+    planner_factory(planner)
+    c = cluster("mixed16")
+    p = get_planner(planner)
+    p.restrict(rules, None)
+    res = p.plan(c, load_model("GPT-3-1.3B"), job(), CostModel(c), SearchBudget(time_budget_s=30.0, top_k=8))
+    assert res.plans, res.stats
+    for plan in res.plans:
+        assert any(not rules.errors(v, c) for v in legal_variants(plan, rules)), plan.to_json()

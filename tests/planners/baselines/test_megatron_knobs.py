@@ -277,3 +277,22 @@ def test_overlapped_expert_all_to_alls_only_where_megatron_core_pairs_them() -> 
         if p.overlap_moe_comm:
             assert moe_overlap_errors(p, "megatron") == []
         assert not [e for e in rules.errors(p) if "overlap_moe_comm" in e[1] or e[0] == "overlap_moe_comm"]
+
+
+@pytest.mark.parametrize("problem,knob", [("deep", ("max_virtual_stages", 1)), ("long", ("context_parallel", False))])
+def test_the_arachne_runtime_gets_the_best_grid_point_it_can_run(problem: str, knob: tuple) -> None:
+    """Where the grid's best plan interleaves (``deep``) or uses cp (``long``), a run under the arachne runtime
+    (neither) gets the grid's best plan without them, even keeping one plan: before the grid learnt the rules,
+    its top plans were all ones the runtime refuses, and it returned none."""
+    from arachne.spec.runtimes import Legality
+
+    cl, model, gbs, seq = PROBLEMS[problem]
+    planner_factory("megatron")
+    c = cluster(cl)
+    plan, est, _ = run_planner("megatron", c, load_model(model), Job(global_batch_size=gbs, sequence_length=seq),
+                               CostModel(c), SearchBudget(time_budget_s=120, top_k=1),
+                               legality=Legality.of("arachne"))
+    assert not Legality.of("arachne").errors(plan, c)
+    _, without = best(problem, options=(knob,))
+    assert est.iteration_time_s == pytest.approx(without.iteration_time_s, rel=1e-9)
+    assert est.iteration_time_s > best(problem)[1].iteration_time_s  # the rules cost something here
