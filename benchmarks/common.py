@@ -25,7 +25,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from importlib import metadata
@@ -187,6 +187,9 @@ class Sweep:
     doc: dict[str, Any]
     clusters: dict[str, str]  # case name -> cluster YAML text, exactly as the sweep wrote it
     source: str
+    rechecked: list[dict[str, Any]] = field(default_factory=list)
+    """Baseline runs of a stored miss run again on a later commit (``sweep recheck``, stored under
+    ``rechecks/``): the fastest baseline counts them (a plan a fixed baseline finds raises the bar)."""
 
     @property
     def cases(self) -> list[dict[str, Any]]:
@@ -211,7 +214,7 @@ class Sweep:
     def best_baselines(self) -> dict[str, tuple[float, str]]:
         """Case -> (tokens/s, planner) of the fastest baseline with a plan."""
         best: dict[str, tuple[float, str]] = {}
-        for r in self.runs:
+        for r in [*self.runs, *self.rechecked]:
             tok = r.get("tokens_per_s") or 0.0
             if r["planner"] not in ("arachne", "exhaustive") and tok > best.get(r["case"], (0.0, ""))[0] \
                     and r.get("status", "ok") == "ok":
@@ -253,9 +256,59 @@ def _from_stored_file(path: Path, entry: dict[str, Any] | None) -> Sweep:
             fail(f"{path}: its sha256 is not the manifest's: stored sweeps are never rewritten (restore it from git)")
         doc = json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
         assert doc["format"] == STORED_FORMAT
-        return Sweep(doc["name"], doc["kind"], doc["doc"], doc.get("clusters", {}), doc["name"])
+        sweep = Sweep(doc["name"], doc["kind"], doc["doc"], doc.get("clusters", {}), doc["name"])
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
         fail(f"{path}: not a stored sweep ({type(e).__name__}: {e})")
+    if entry is not None:
+        sweep.rechecked = stored_rechecks().get(sweep.name, [])
+    return sweep
+
+
+def stored_rechecks() -> dict[str, list[dict[str, Any]]]:
+    """Sweep name -> the baseline runs that stored rechecks (``rechecks/*.json``, manifest ``rechecks``) found a
+    plan with, as ``{"case", "planner", "tokens_per_s", "status", "commit"}``; each file's sha256 checked."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in read_manifest().get("rechecks", []):
+        path = STORED / e["file"]
+        try:
+            data = path.read_bytes()
+            if _sha256(data) != e["sha256"]:
+                fail(f"{path}: its sha256 is not the manifest's: stored rechecks are never rewritten")
+            doc = json.loads(data)
+            for r in doc["rows"]:
+                if r["status"] == "ok" and r.get("tok_s"):
+                    out.setdefault(r["sweep"], []).append({"case": r["case"], "planner": r["planner"],
+                                                           "tokens_per_s": r["tok_s"], "status": "ok",
+                                                           "commit": doc.get("commit")})
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            fail(f"{path}: not a stored recheck ({type(err).__name__}: {err})")
+    return out
+
+
+def store_recheck(path: Path, name: str) -> Path:
+    """Add a ``sweep recheck`` result (``recheck.json``) to ``benchmarks/stored/rechecks/<name>.json`` and the
+    manifest's ``rechecks``. Append-only, as sweeps."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        fail(f"--name {name!r}: lower-case letters, digits, '.', '_' and '-' only")
+    try:
+        data = path.read_bytes()
+        doc = json.loads(data)
+        assert doc.get("benchmark") == "sweep-recheck" and isinstance(doc.get("rows"), list)
+    except (OSError, ValueError, AssertionError) as err:
+        fail(f"{path}: not a `sweep recheck` result ({type(err).__name__})")
+    manifest = read_manifest()
+    dest = STORED / "rechecks" / f"{name}.json"
+    if dest.exists() or any(e["name"] == name for e in manifest.get("rechecks", [])):
+        fail(f"{dest}: already stored; stored rechecks are append-only, store under a new --name")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "xb") as fh:
+        fh.write(data)
+    manifest.setdefault("rechecks", []).append({
+        "name": name, "file": str(dest.relative_to(STORED)), "command": doc.get("command", ""),
+        "commit": doc.get("commit", ""), "date": doc.get("date", ""), "sha256": _sha256(data),
+        "rows": len(doc["rows"]), "found": sum(r["status"] == "ok" for r in doc["rows"])})
+    MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+    return dest
 
 
 def _from_results(path: Path) -> Sweep:

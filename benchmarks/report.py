@@ -42,6 +42,11 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                              "measurements of Megatron-Core (class grouped) and SonicMoE (class fused); anchors: the "
                              "7B and 30B panels, checks: the 1.4B and 120B panels",
                              "python -m benchmarks cost-model moe-layer"),
+    "sweep-recheck": ("Baselines' misses run again",
+                      "stored runs where a baseline found no plan but another planner did, run again on a later "
+                      "commit: what it finds now, and arachne's ratio over the best baseline before and with it "
+                      "(stored under benchmarks/stored/rechecks/, counted in every stored sweep row above)",
+                      "python -m benchmarks sweep recheck SWEEP..."),
     "cost-model-device": ("Measured on a GPU",
                           "arachne's own runtime on one GPU (benchmarks/device/device_check.sh, data/device): the "
                           "analytic model per block, head and GEMM (errors in % of the measurement, negative: "
@@ -237,7 +242,10 @@ def stored_robustness(sweeps: list[common.Sweep], entries: dict[str, dict]) -> t
            "code at each draw, not the current code (re-planned: the `replay sweeps` section, if present). "
            "Ratios: arachne's tokens/s over the best baseline's, over the cases where both found a plan. A sweep "
            "named `NAME-rerun` is NAME's clusters with every planner run again on a later commit (`sweep run "
-           "--reuse NAME`; its commit below), counted in its own row, not in the others.", ""]
+           "--reuse NAME`; its commit below), counted in its own row, not in the others. The best baseline "
+           "also counts the baselines' misses run again on a later commit (`sweep recheck`, stored under "
+           f"`rechecks/`: {', '.join(e['name'] for e in common.read_manifest().get('rechecks', [])) or 'none'}).",
+           ""]
     rows = []
     for label, patterns in GROUPS:
         sel = [s for s in sweeps if any(fnmatchcase(s.name, p) for p in patterns)

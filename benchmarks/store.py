@@ -3,15 +3,33 @@
 A stored sweep is one gzipped JSON file, ``sweeps/<name>.json.gz``, holding the sweep's own document
 (``runs.json`` of ``sweep run``, or the grid's JSON) and the YAML of every cluster it planned, plus an entry
 in ``MANIFEST.json``: what command produced it, the commit, the date, its sha256 and case count. A stored
-file is never rewritten: ``add`` refuses a name that exists, and every read checks the sha256.
+file is never rewritten: ``add`` refuses a name that exists, and every read checks the sha256. ``add`` of a
+``sweep recheck`` result stores it under ``rechecks/``: the baselines' plans it found count as those sweeps'
+runs in every later report and replay (``common.stored_rechecks``).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from benchmarks import common
 
 
+def _is_recheck(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("benchmark") == "sweep-recheck"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def add(a) -> None:
+    path = Path(a.path)
+    if path.suffix == ".json" and path.exists() and _is_recheck(path):
+        dest = common.store_recheck(path, a.name)
+        common.console.print(f"stored {path} as {dest} (a recheck: its baselines' plans count in every report and "
+                             "replay of the sweeps it names)", highlight=False)
+        return
     (sweep,) = common.load_sweeps([a.path])
     command = a.command or sweep.doc.get("command") or ""
     commit = a.commit or sweep.doc.get("commit") or ""

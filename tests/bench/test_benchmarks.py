@@ -261,3 +261,37 @@ def test_a_sweep_rerun_end_to_end_is_counted_apart_never_twice():
     assert "| 1 | 1 | 0.9000 |" in rows["all stored"]
     assert "| 1 | 1 | 1.200 |" in rows["re-run end to end on a later commit"]
     assert "| 1 | 1 | 0.9000 |" in rows["seed 0-5"]
+
+
+def test_a_stored_recheck_raises_the_best_baseline_of_its_sweep(tmp_path, monkeypatch):
+    """A baseline's miss run again (``sweep recheck``) and stored counts as that sweep's run: the best baseline of
+    the case is the faster of the two, and the stored recheck is append-only and checked like a sweep."""
+    from benchmarks import common
+
+    stored = tmp_path / "stored"
+    assert bench("store", "add", str(TINY), "--name", "tiny", stored=stored).returncode == 0
+    recheck = tmp_path / "recheck.json"
+    rows = [{"sweep": "tiny", "case": "rob-005", "planner": "megatron", "status": "ok", "tok_s": 500000.0},
+            {"sweep": "tiny", "case": "rob-014", "planner": "megatron", "status": "no-plan", "tok_s": None}]
+    recheck.write_text(json.dumps({"format": "arachne-bench-result/1", "benchmark": "sweep-recheck",
+                                   "command": "python -m benchmarks sweep recheck tiny", "commit": "abc1234",
+                                   "date": "2026-12-04", "rows": rows}))
+    res = bench("store", "add", str(recheck), "--name", "fix", stored=stored)
+    assert res.returncode == 0, res.stderr
+    again = bench("store", "add", str(recheck), "--name", "fix", stored=stored)
+    assert again.returncode == 2 and "append-only" in again.stderr
+    monkeypatch.setattr(common, "STORED", stored)
+    monkeypatch.setattr(common, "MANIFEST", stored / "MANIFEST.json")
+    (sweep,) = common.load_sweeps(["tiny"])
+    best = sweep.best_baselines()
+    assert best["rob-005"] == (500000.0, "megatron")  # the recheck's plan is faster than sailor's as stored
+    assert best["rob-014"][1] == "sailor"  # a recheck that found nothing changes nothing
+    assert sweep.ratios()["rob-005"] == pytest.approx(373567.29115721735 / 500000.0)
+    (stored / "rechecks" / "fix.json").write_text("{}")  # rewritten in place: refused
+    res = bench("store", "verify", stored=stored)
+    assert res.returncode == 2 and "sha256" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_recheck_refuses_arachne_in_one_line():
+    res = bench("sweep", "recheck", "seed91", "--planners", "arachne")
+    assert res.returncode == 2 and "--planners" in res.stderr and "Traceback" not in res.stderr
