@@ -479,7 +479,10 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
         out += uniform + fewer_replicas(best, uniform)
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
-        node = min(ctx.classes[i].node_size for i in subset)
+        # one GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
+        # classes whose nodes hold tp), as Megatron's grid runs the type's largest uniform part
+        sizes = [ctx.classes[i].node_size for i in subset]
+        node = max(sizes) if len({ctx.classes[i].gpu.name for i in subset}) == 1 else min(sizes)
         for tp in tp_order(ctx, subset, tp_options(ctx.model, node), tps, multiple):
             if not deadline.expired():  # its depth is the types' GPUs over tp d, not a depth of the loop below
                 out += complete_all(mixed_lockstep_templates(ctx, subset, tp))

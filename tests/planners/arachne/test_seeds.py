@@ -528,3 +528,14 @@ def test_capped_pooled_replicas_are_also_priced_on_each_later_class_of_their_typ
     found = seeds.seed_plans(ctx, Deadline(60.0))  # the family prices 16 tp-2 replicas on the nodes of 2
     assert any(len(p.devices) == 32 and {d.split("-")[0] for d in p.devices} == {"g1"}
                and all(st.tp == 2 for q in p.pipelines for st in q.stages) for p, _ in found)
+
+
+def test_a_type_over_node_sizes_is_seeded_at_the_tp_degrees_of_its_largest_nodes():
+    """fresh hold-out seed92/rob-001 (GPT-Neo-2.7B, a batch of 16; A100-40 in 62 single-GPU nodes and 8 nodes of
+    8): Megatron's grid ran one stage of tp 4 x dp 16 on the nodes of 8 (206,981 tokens/s, arachne 0.905x); the
+    family took a type's tp degrees from its smallest nodes (tp 1 only) and never priced it."""
+    ctx = ctx_for([("A100-40", 6, 1, 3.125), ("A100-40", 2, 8, 25.0)], model="GPT-Neo-2.7B", gbs=8, seq=1024)
+    found = seeds.seed_plans(ctx, Deadline(60))
+    tp4 = [p for p, _ in found if all(st.tp == 4 for q in p.pipelines for st in q.stages)]
+    assert tp4
+    assert any(all(d.startswith("g1") for d in p.devices) for p in tp4)  # on the nodes of 8
