@@ -294,7 +294,10 @@ def store_recheck(path: Path, name: str) -> Path:
         data = path.read_bytes()
         doc = json.loads(data)
         assert doc.get("benchmark") == "sweep-recheck" and isinstance(doc.get("rows"), list)
-    except (OSError, ValueError, AssertionError) as err:
+        for r in doc["rows"]:  # what stored_rechecks reads
+            assert all(isinstance(r.get(k), str) for k in ("sweep", "case", "planner", "status"))
+            assert r.get("tok_s") is None or isinstance(r["tok_s"], (int, float))
+    except (OSError, ValueError, AssertionError, AttributeError) as err:
         fail(f"{path}: not a `sweep recheck` result ({type(err).__name__})")
     manifest = read_manifest()
     dest = STORED / "rechecks" / f"{name}.json"
