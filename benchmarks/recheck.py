@@ -5,9 +5,8 @@ For each stored sweep, every run of a ``--planners`` baseline that found no plan
 batch, sequence and budget). Prints, per re-run case, what the planner finds now, the best baseline and arachne
 as stored, and arachne's ratio over the best baseline before and with the new run; writes ``recheck.json``.
 
-For a fix to a baseline that made it miss (2026-12-04: the Megatron grid ranked plans the arachne runtime
-refuses, so under ``--runtime arachne`` it returned none): what the fix changes in the stored ratios, without
-running every planner again. Stored sweeps are never changed (append-only); this result says by how much their
+After a fix to a baseline that made it miss: what the fix changes in the stored ratios, without running every
+planner again. Stored sweeps are never changed (append-only); this result says by how much their
 ratios move.
 """
 

@@ -184,16 +184,17 @@ class Ctx:
             return True
         return False
 
-    def add(self, plan: Plan, score: float) -> None:
+    def add(self, plan: Plan, score: float) -> bool:
         """Record a candidate with its native score (lower is better); duplicates keep the best; a plan that
-        breaks the rules (:attr:`legal`) is not recorded."""
+        breaks the rules (:attr:`legal`) is not recorded (False)."""
         if self.legal is not None and not self.legal(plan):
             self.stats.notes["illegal"] = self.stats.notes.get("illegal", 0) + 1
-            return
+            return False
         key = hash(plan)
         old = self.ranked.get(key)
         if old is None or score < old[0]:
             self.ranked[key] = (score, plan)
+        return True
 
     @property
     def seq(self) -> int:

@@ -173,9 +173,8 @@ class MegatronPlanner(BaselinePlanner):
 
         def keep(rung: Rung) -> None:
             for plan, got in rung.found:
-                if ctx.legal is not None and not ctx.legal(plan):  # the bounds count only plans the rules allow
+                if not ctx.add(plan, got.time_s):  # the bounds count only plans the rules allow
                     continue
-                ctx.add(plan, got.time_s)
                 top.push(got.time_s)
                 found.append((plan, got))
 
