@@ -171,7 +171,7 @@ def class_actions(state: State, model: ModelSpec, c: DeviceClass, max_stages: in
         if R:
             used = state.mixed_stages()
             # pooled only where the class alone cannot give every replica a stage
-            more = 0 if R * g <= count or not pool else sum(left[j] for j in pool_classes(c, g))
+            more = 0 if R * g <= count or not pool else sum(left[j] for j in pool_classes(c, g, tp))
             for k in STAGE_COUNTS:
                 if used + k > L or R * k * g > count + more:
                     break

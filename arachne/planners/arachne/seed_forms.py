@@ -76,3 +76,13 @@ def expert_parallel_forms(plan: Plan, ctx: PlanningContext) -> list[Plan]:
 def sharded(plan: Plan) -> bool:
     """Whether some stage of ``plan`` runs its experts parallel (ep > 1)."""
     return any(st.ep > 1 for p in plan.pipelines for st in p.stages)
+
+
+def layout_key(plan: Plan) -> tuple:
+    """``plan``'s layout without its experts' parallel degrees: devices, tp, layers and recomputation per stage,
+    and the micro-batches."""
+    def stage(st) -> tuple:
+        return st.devices, st.tp, tuple(tuple(r) for r in st.ranges), st.recompute, st.recompute_layers
+
+    return plan.micro_batch_size, tuple((p.micro_batch_size, p.micro_batches, tuple(stage(st) for st in p.stages))
+                                        for p in plan.pipelines)

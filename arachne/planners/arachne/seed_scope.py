@@ -8,8 +8,9 @@ from itertools import combinations
 
 from arachne.cost.memory import state_bytes_per_param
 from arachne.planners.arachne.actions import STAGE_COUNTS
+from arachne.planners.arachne.completion.place import cap_replicas
 from arachne.planners.arachne.context import PlanningContext
-from arachne.planners.arachne.template import Group, Slot, Template, ep_options, slot_fits_nodes
+from arachne.planners.arachne.template import Group, Slot, Template, ep_options, slot_fits_nodes, tp_fits_node
 
 EQUAL_SHARE_SUBSETS = 2
 """Class subsets whose GPUs divide the batch evenly, seeded as one data-parallel stage (:func:`equal_share_subsets`)."""
@@ -121,7 +122,7 @@ def pools(ctx: PlanningContext, subset: tuple[int, ...], tp: int) -> list[tuple[
     out: dict[str, tuple[int, int]] = {}
     for i in subset:
         c = ctx.classes[i]
-        if slot_fits_nodes(tp, c.node_size):
+        if tp_fits_node(tp, c.node_size):
             first, n = out.get(c.gpu.name, (i, 0))
             out[c.gpu.name] = (first, n + c.count)
     return list(out.values())
@@ -215,3 +216,17 @@ def tp_order(ctx: PlanningContext, subset: tuple[int, ...], options: Sequence[in
     def key(t: int) -> tuple:
         return (t not in (first or ()), -t) if multiple > 1 else (t not in (first or ()), t < lo, abs(t - lo))
     return sorted(options, key=key)
+
+
+def batch_shares(tpl: Template, gbs: int, multiple: int = 1) -> list[Template]:
+    """``tpl`` with as many pipelines as divide the batch evenly (first: Megatron's data parallelism must divide
+    it: 192 of 204 replicas for a batch of 384), then as it is; ``multiple``: pipeline counts a multiple of it
+    only (the context-parallel seeds merge that many)."""
+    n = sum(g.replicas for g in tpl.groups)
+    counts = [r for r in range(multiple, n + 1, multiple) if gbs % r == 0]
+    if not counts:
+        return []
+    even = max(counts)
+    if multiple > 1:
+        return [cap_replicas(tpl, r) for r in dict.fromkeys([even, n - n % multiple])]
+    return [cap_replicas(tpl, even), tpl] if even < n else [tpl]

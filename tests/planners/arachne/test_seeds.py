@@ -539,3 +539,45 @@ def test_a_type_over_node_sizes_is_seeded_at_the_tp_degrees_of_its_largest_nodes
     tp4 = [p for p, _ in found if all(st.tp == 4 for q in p.pipelines for st in q.stages)]
     assert tp4
     assert any(all(d.startswith("g1") for d in p.devices) for p in tp4)  # on the nodes of 8
+
+
+def test_pooled_tp_groups_stay_inside_nodes_and_every_seed_is_valid():
+    """fresh hold-out odd104-rerun/rob-019 (LLaMA-2-13B, a batch of 64; MI300X in nodes of 8 and of 1, H100 in
+    nodes of 8): a type's pool took its single-GPU nodes into tp-2 and tp-4 slots, whose groups then spanned
+    nodes; those seeds priced fastest and plan validation refused every one of them."""
+    ctx = ctx_for([("MI300X", 2, 8, 50.0), ("MI300X", 6, 1, 50.0), ("H100", 2, 8, 50.0)],
+                  model="LLaMA-2-13B", gbs=16, seq=2048)
+    mi300x = next(s for s in seeds.class_subsets(ctx)[1:] if ctx.classes[s[0]].gpu.name == "MI300X")
+    assert seeds.pools(ctx, mi300x, 1) == [(mi300x[0], 22)]  # tp 1: every MI300X, the nodes of 1 pooled
+    assert seeds.pools(ctx, mi300x, 2) == [(mi300x[0], 16)]  # tp 2: the nodes of 8 only
+    found = seeds.seed_plans(ctx, Deadline(60.0))
+    assert found
+    for plan, _ in found:
+        validate_plan(plan, ctx.cluster, ctx.model)
+
+
+def test_several_types_are_seeded_at_the_tp_degrees_of_each_types_largest_nodes():
+    """The same hold-out: Megatron's grid over all types ran tp 4 x dp 32 over MI300X and H100 nodes of 8 (1.21x
+    arachne's plan then); the family took the tp degrees of the smallest node in the cluster (1) for every class
+    subset of several types, so it never priced tp > 1 over two types."""
+    ctx = ctx_for([("MI300X", 2, 8, 50.0), ("MI300X", 6, 1, 50.0), ("H100", 2, 8, 50.0)],
+                  model="LLaMA-2-13B", gbs=16, seq=2048)
+    found = seeds.seed_plans(ctx, Deadline(60.0))
+    both = [p for p, _ in found if {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"MI300X", "H100-SXM5-80GB"}]
+    assert {st.tp for p in both for q in p.pipelines for st in q.stages} >= {2, 4}
+
+
+def test_seeds_that_differ_only_in_their_experts_degree_are_one_start_for_the_knobs():
+    """fresh hold-out odd100-rerun/rob-012 (DeepSeek-MoE-16B, a batch of 256 x 512, 10 H100 among 38 GPUs): the
+    knobs' starts were one layout at two expert-parallel degrees twice over; the layout they turn into the fastest
+    plan (a micro-batch of 16 per GPU, no recomputation with ZeRO-2; Megatron's grid: partial recomputation) came
+    fifth and got none. The knobs price every stage's expert layouts themselves."""
+    ctx = ctx_for([("H100", 1, 8, 50.0)], model="DeepSeek-MoE-16B", gbs=64, seq=512)
+    tpl = seeds.lockstep_template(ctx, seeds.class_subsets(ctx)[0], 1, 1)
+    (plan, _), *_ = seeds.complete_seed(tpl, ctx, 16, lambda _p: True)
+    variants = seeds.expert_parallel_forms(plan, ctx)
+    assert len({p.pipelines[0].stages[0].ep for p in variants}) > 1
+    assert len({seeds.layout_key(p) for p in variants}) == 1
+    other = plan.model_copy(update={"micro_batch_size": plan.micro_batch_size // 2, "pipelines": tuple(
+        q.model_copy(update={"micro_batches": q.micro_batches * 2}) for q in plan.pipelines)})
+    assert seeds.layout_key(other) != seeds.layout_key(plan)

@@ -26,8 +26,8 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
         free[c.index] = _node_devices(c)
     cursor = {c.index: 0 for c in ctx.classes}
 
-    def take_pooled(cls: int, need: int) -> tuple[str, ...] | None:
-        for j in pool_classes(ctx.classes[cls], need):
+    def take_pooled(cls: int, need: int, tp: int) -> tuple[str, ...] | None:
+        for j in pool_classes(ctx.classes[cls], need, tp):
             devs = take_from(j, need)
             if devs is not None:
                 return devs
@@ -99,7 +99,7 @@ def place(template: Template, ctx: PlanningContext, order: str = "pipeline") -> 
             cls, need, pool, span, tp = needs[j]
             devs = take_span(span, need, tp) if span else take_from(cls, need)
             if devs is None and pool:
-                devs = take_pooled(cls, need)
+                devs = take_pooled(cls, need, tp)
             if devs is None:
                 return None
             reps[r][j] = devs

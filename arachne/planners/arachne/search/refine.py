@@ -202,7 +202,7 @@ def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[S
     cap = max(c.count for c in ctx.classes)
     even = [r for r in range(1, min(cap, 2 * R) + 1) if gbs % r == 0 and r != R]
     if fill:
-        targets = sorted({_pooled(ctx, State(R, st.actions[:ci]), ctx.classes[ci], a.tp * a.dp)
+        targets = sorted({_pooled(ctx, State(R, st.actions[:ci]), ctx.classes[ci], a.tp * a.dp, a.tp)
                           // (a.tp * a.dp * a.stages) for ci, a in enumerate(st.actions)
                           if a.kind == "mix" and len(ctx.classes[ci].kin) > 1} - {R})
     else:
@@ -215,7 +215,7 @@ def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[S
             prefix = State(R2, tuple(acts))
             if a.kind == "mix":
                 have = kin_left(prefix, c)[ci] if len(c.kin) > 1 else c.count
-                avail = have if have >= R2 * g else _pooled(ctx, prefix, c, g)
+                avail = have if have >= R2 * g else _pooled(ctx, prefix, c, g, a.tp)
                 k = min(max(1, a.stages * R // R2), avail // (R2 * g))
                 acts.append(replace(a, stages=k, replicas=R2, pool=R2 * k * g > have) if k > 0 else Action("skip"))
             elif a.kind == "own" and len(c.kin) > 1:  # kin pooled into the mix may have fewer GPUs left
@@ -229,12 +229,13 @@ def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[S
     return out
 
 
-def _pooled(ctx: PlanningContext, prefix: State, c: DeviceClass, g: int) -> int:
-    """GPUs a mixed slot of ``g`` GPUs of class ``c`` can have after ``prefix``: its own, then its kin's."""
+def _pooled(ctx: PlanningContext, prefix: State, c: DeviceClass, g: int, tp: int) -> int:
+    """GPUs a mixed slot of ``g`` GPUs in tp groups of ``tp`` of class ``c`` can have after ``prefix``: its own,
+    then its kin's."""
     if len(c.kin) < 2:
         return c.count
     left = kin_left(prefix, c)
-    return left[c.index] + sum(left[j] for j in pool_classes(c, g))
+    return left[c.index] + sum(left[j] for j in pool_classes(c, g, tp))
 
 
 def balanced_stage_moves(ctx: PlanningContext, st: State, per_class: int = 2) -> list[State]:

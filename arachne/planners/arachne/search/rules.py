@@ -3,6 +3,7 @@ the type pools and the depth variants, screened cheaply and ordered for pricing.
 
 from __future__ import annotations
 
+import math
 from itertools import zip_longest
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ from arachne.planners.arachne.template import (
     tp_options,
 )
 from arachne.planners.protocol import Deadline
+from arachne.spec.gpus import GPUType
 
 
 def may_fit(ctx: PlanningContext, st: State, spare: float = 0.0) -> bool:
@@ -137,7 +139,7 @@ def type_pool_states(ctx: PlanningContext, best_own: list[Action]) -> list[State
             continue
         kin = {j for j, _, _ in c.kin}
         for tp in sorted({tp_options(model, c.node_size)[0], tp_options(model, c.node_size)[-1]}):
-            pool = [j for j in pool_classes(c, tp) if classes[j].node_size >= tp]
+            pool = pool_classes(c, tp, tp)
             total = c.count + sum(classes[j].count for j in pool)
             if not pool or total < 2 * tp:
                 continue
@@ -349,8 +351,8 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
 
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     """Mixed pipelines by rule: ``R`` replicas over the fastest ``j`` classes, each class contributing
-    stages in proportion to its GPUs, at one tp level (``uniform``) or with tp doubling per slower GPU
-    type (``graded``: a slower type holds fewer, wider stages); also at the replica counts a GPU type
+    stages in proportion to its GPUs, at one tp level (``uniform``) or with tp graded by each type's speed
+    (``graded``: a slower type holds fewer, wider stages, :func:`speed_grade`); also at the replica counts a GPU type
     split across node sizes fills (:func:`type_fills`), and at each tp level over only the classes whose
     nodes are that wide (``wide``), and without the classes on a much slower network
     (:func:`slow_network_classes`). Two orders are interleaved: a cheap
@@ -437,12 +439,21 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
     return R * m * mbs / step * (1.0 if room >= L else 0.5)
 
 
+def speed_grade(fastest: GPUType, gpu: GPUType, precision: str) -> int:
+    """The tp factor that gives a stage of ``gpu`` about the pace of one of ``fastest`` on the same layers: the
+    power of two nearest their peak rates' ratio (at least 1). Sailor's plan for DeepSeek-MoE-16B on H200 and
+    A100-80 (fresh hold-out odd100-rerun/rob-028) ran H200 stages at tp 1 and A100 stages at tp 4 (3.2x slower)."""
+    prec = "bf16" if precision == "fp8" else precision  # (not every type has fp8 rates: the bf16 ratio)
+    ratio = fastest.peak_flops(prec) / gpu.peak_flops(prec)
+    return 2 ** max(0, round(math.log2(ratio))) if ratio > 0 else 1
+
+
 def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None,
                      graded: bool = False, experts: bool = False, wide: bool = False,
                      leave_out: frozenset[int] = frozenset()) -> State | None:
     """``R`` mixed replicas over the fastest ``j`` classes (all by default): each contributes ``mix``
-    stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times 2 per faster GPU type before
-    it), as many as its GPUs allow per replica (pooled with its kin when too few for one), scaled down
+    stages of the largest valid tp up to ``tp`` (``graded``: ``tp`` times the type's :func:`speed_grade`), as many
+    as its GPUs allow per replica (pooled with its kin when too few for one), scaled down
     to the layer count. ``experts`` (MoE): each
     stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep).
     ``wide``: only the classes whose nodes hold a stage of tp ``tp`` (a small batch on deep, wide
@@ -459,7 +470,7 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
             continue
         if c.gpu.name not in types:
             types.append(c.gpu.name)
-        want = tp * (2 ** types.index(c.gpu.name) if graded else 1)
+        want = tp * (speed_grade(classes[0].gpu, c.gpu, ctx.job.precision) if graded else 1)
         t = max((o for o in tp_options(ctx.model, c.node_size) if o <= want), default=1)
         have = kin_left(prefix, c)[c.index] if len(c.kin) > 1 else c.count
         dp = 1
@@ -468,7 +479,7 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
                       and have >= R * t * d), default=1)
         k, pool = have // (R * t * dp), False
         if k == 0:  # too small alone: pooled with its kin where they make up a replica's stage
-            k = _pooled(ctx, prefix, c, t * dp) // (R * t * dp)
+            k = _pooled(ctx, prefix, c, t * dp, t) // (R * t * dp)
             pool = k > 0
         acts.append((t, dp, ep_options(ctx.model, dp)[-1], k, pool))
         prefix = prefix.push(Action("mix", t, dp, 1, k, R, pool) if k else Action("skip"))
