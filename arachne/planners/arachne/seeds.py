@@ -569,7 +569,8 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
         distinct.setdefault(round(r[1].iteration_time_s, 9), r)
     # and one per layout: seeds that differ only in their experts' parallel degree are one start for the knobs,
     # which price every stage's expert layouts (fresh hold-out odd100-rerun/rob-012: the four starts were two
-    # layouts at two degrees each, and the layout the knobs made the fastest plan of, fifth, got none)
+    # layouts at two degrees each, and the layout the knobs made the fastest plan of, fifth, got none; greedy,
+    # the knobs can still end apart from two degrees of one layout: decision 0022)
     layouts: dict[tuple, Priced] = {}
     for r in distinct.values():
         layouts.setdefault(layout_key(r[0]), r)
