@@ -310,3 +310,35 @@ def test_a_plan_short_of_memory_tries_zero_before_the_other_knobs(monkeypatch):
     none = map_stages(plan, lambda _a, _b, _p, st: with_recompute(st, "none"))
     modernize(none, cm.estimate(none), cm)
     assert calls[-1] == "zero" and calls[0] == "overlap"
+
+
+def test_each_expert_layout_is_also_priced_with_its_all_to_alls_overlapped():
+    """The experts knob prices every layout as it is and with ``overlap_moe_comm`` (where the runtime runs it),
+    so the overlap can decide between layouts (grid a100-v100-256/Mixtral-8x7B: the ep-4 start's widest layout
+    won without the overlap, and the overlap step then had no budget left: 193,909 tokens/s against 233,259)."""
+    from arachne.plan import Plan
+    from arachne.planners.arachne.completion.modern import Knobs, legal_check
+
+    cl = cluster([("H100", 4, 8)])
+    devs = [f"g0-{n}:{i}" for n in range(4) for i in range(8)]
+    stages = [{"layers": [16 * s, 16 * s + 16], "devices": devs[16 * s:16 * s + 16], "tp": 2, "dp": 8, "ep": 2}
+              for s in range(2)]
+    plan = Plan.model_validate({"model": "mixtral-8x7b", "global_batch_size": 256, "sequence_length": 4096,
+                                "micro_batch_size": 8, "precision": "bf16", "zero_stage": 1, "schedule": "1f1b",
+                                "pipelines": [{"micro_batches": 32, "stages": stages}]})
+    cm = CostModel(cl)
+    est = cm.estimate(plan)
+    model = cm.resolve_model(plan)
+    for runtime, overlapped in ((None, True), ("arachne", False)):
+        legality = Legality.of(runtime) if runtime else None
+        knobs = Knobs(cm, model, legal_check(legality, plan, cl), (plan, est))
+        priced: list[Plan] = []
+        price = knobs.price
+        knobs.price = lambda p, _price=price, _k=knobs: (_k.ok(p) and priced.append(p)) or _price(p)
+        knobs.experts()
+        layouts = {tuple((st.ep, st.etp) for st in p.pipelines[0].stages) for p in priced}
+        assert len(layouts) >= 1 + overlapped
+        for lay in layouts:
+            flags = {p.overlap_moe_comm for p in priced if tuple((st.ep, st.etp) for st in p.pipelines[0].stages) == lay}
+            assert flags == ({False, True} if overlapped else {False})
+        assert knobs.best[1].iteration_time_s <= est.iteration_time_s

@@ -11,8 +11,8 @@ framework makes by default, no slower):
 4. per-stage recomputation: the fastest of none / selective / the first k blocks / full that fits;
 5. context parallelism ``cp`` in {2, 4} for sequences of :data:`LONG_SEQUENCE` tokens or more, replacing
    stage data parallelism (or merging identical pipelines), then recomputation again;
-6. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages;
-7. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``;
+6. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``, each layout also with its all-to-alls overlapped;
+7. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages;
 8. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
 9. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
@@ -263,7 +263,11 @@ class Knobs:
                 ep, etp = opts[i]
                 return st.model_copy(update={"ep": ep, "etp": etp})
 
-            self.offer(map_stages(plan, pick))
+            cand = map_stages(plan, pick)
+            self.offer(cand)
+            if not cand.overlap_moe_comm and any(st.ep > 1 for p in cand.pipelines for st in p.stages):
+                # each layout also with its all-to-alls overlapped: the overlap can decide between layouts
+                self.offer(_with_pipelines(cand, cand.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2))
 
     def moe_overlap(self) -> None:
         """``overlap_moe_comm`` on a plan with expert parallelism: as it is, interleaved (Megatron-Core pairs
@@ -396,8 +400,8 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
     model = cost_model.resolve_model(plan)
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
                   max_estimates, deadline, work)
-    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.interleave,
-             knobs.experts, knobs.moe_overlap, knobs.zero]
+    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.experts,
+             knobs.interleave, knobs.moe_overlap, knobs.zero]
     if recomputes(plan) and replicated(plan):  # short of memory: what ZeRO frees comes first, before the deadline
         steps = [knobs.overlap, knobs.zero] + [s for s in steps if s not in (knobs.overlap, knobs.zero)]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
