@@ -79,7 +79,7 @@ class ExhaustivePlanner:
         results.sort(key=lambda x: x[1].iteration_time_s)
         if self.modern_knobs and not deadline.expired():  # more plans and estimates than the planner's pass gets
             results += modern_variants(results, cost_model, allow_fp8=fp8_allowed(job), deadline=deadline,
-                                       top=self.knob_top, max_estimates=self.knob_estimates)
+                                       top=self.knob_top, max_estimates=self.knob_estimates, extra=0)
             results.sort(key=lambda x: x[1].iteration_time_s)
         top = results[: max(1, budget.top_k)]
         return PlannerResult([p for p, _ in top], [e.iteration_time_s for _, e in top], stats)

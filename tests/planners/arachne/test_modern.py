@@ -156,7 +156,13 @@ def test_interleaving_follows_the_format():
     assert all(a[1] == b[0] for a, b in itertools.pairwise(order))
     assert [st.num_layers for st in two.stages] == [7, 6, 6, 5]  # each stage keeps its blocks
     assert interleaved(pipe.model_copy(update={"micro_batches": 6}), 2) is None  # 6 % 4 stages
-    assert interleaved(pipe, 6) is None  # a stage of 5 blocks cannot take 6 chunks
+    six = interleaved(pipe, 6)  # the stage of 5 blocks takes one from the stage of 7 to hold 6 chunks
+    assert six is not None and [st.num_layers for st in six.stages] == [6, 6, 6, 6]
+    assert interleaved(pipe, 7) is None  # 24 blocks cannot give 4 stages 7 chunks each
+    short = Pipeline(micro_batches=8, stages=(Stage(layers=(0, 1), devices=("g0-0:0",)),
+                                              Stage(layers=(1, 24), devices=("g0-0:1",))))
+    four = interleaved(short, 4)  # a one-block first stage (the small clusters' oracle case): 4 blocks, 20 left
+    assert four is not None and [st.num_layers for st in four.stages] == [4, 20]
     plan = Plan(model="GPT-3-1.3B", global_batch_size=32, sequence_length=2048, micro_batch_size=4, pipelines=(two,))
     assert not plan_errors(plan, cl, model)
 
@@ -342,3 +348,38 @@ def test_each_expert_layout_is_also_priced_with_its_all_to_alls_overlapped():
             flags = {p.overlap_moe_comm for p in priced if tuple((st.ep, st.etp) for st in p.pipelines[0].stages) == lay}
             assert flags == ({False, True} if overlapped else {False})
         assert knobs.best[1].iteration_time_s <= est.iteration_time_s
+
+
+def test_plans_past_the_first_three_get_the_knobs_with_what_they_leave(monkeypatch):
+    """The three fastest version-1 plans get the knobs first; up to five more get them only while the deadline
+    lasts (on small clusters the first three finish early, and a plan a few percent slower as version 1 can
+    interleave where they cannot: the oracle's LLaMA-2-7B case on 4 H100 + 2 A100 + 2 L4)."""
+    from types import SimpleNamespace
+
+    from arachne.planners.arachne.completion import modern
+
+    cl = cluster([("A100-40", 1, 4)])
+    cm, plans = v1_plans(cl, model_catalog().get("GPT-3-1.3B"), Job(global_batch_size=32, sequence_length=2048))
+    plan = plans[0][0]
+    results = [(plan, SimpleNamespace(iteration_time_s=1.0 + i)) for i in range(10)]
+    seen: list[float] = []
+
+    def fake(p, est, cost_model, **kw):
+        seen.append(est.iteration_time_s)
+        return p, est
+
+    monkeypatch.setattr(modern, "modernize", fake)
+    modern_variants(results, cm)
+    assert seen == [1.0 + i for i in range(modern.TOP_PLANS + modern.EXTRA_PLANS)]
+    seen.clear()
+    now = [0.0]
+    deadline = Deadline(1.0, lambda: now[0])
+
+    def spend(p, est, cost_model, **kw):  # each plan spends its whole share: nothing is left after the third
+        seen.append(est.iteration_time_s)
+        now[0] += kw["deadline"].remaining
+        return p, est
+
+    monkeypatch.setattr(modern, "modernize", spend)
+    modern_variants(results, cm, deadline=deadline)
+    assert seen == [1.0, 2.0, 3.0]

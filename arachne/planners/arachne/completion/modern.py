@@ -12,7 +12,8 @@ framework makes by default, no slower):
 5. context parallelism ``cp`` in {2, 4} for sequences of :data:`LONG_SEQUENCE` tokens or more, replacing
    stage data parallelism (or merging identical pipelines), then recomputation again;
 6. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``, each layout also with its all-to-alls overlapped;
-7. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages;
+7. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages (a
+   stage short of ``v`` blocks takes them from the stage with the most);
 8. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
 9. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
@@ -40,6 +41,9 @@ MAX_ESTIMATES = 60
 """Estimates spent on one plan, at most."""
 TOP_PLANS = 3
 """The fastest version-1 plans given modern knobs."""
+EXTRA_PLANS = 5
+"""The next fastest, given them with what the first :data:`TOP_PLANS` leave of the deadline (a plan a few
+percent slower as version 1 can interleave where the fastest cannot)."""
 LONG_SEQUENCE = 32768
 """Context parallelism is tried from this sequence length on."""
 CP_DEGREES = (2, 4)
@@ -76,15 +80,21 @@ def with_recompute(st: Stage, kind: str, k: int | None = None) -> Stage:
 
 
 def interleaved(pipe: Pipeline, v: int) -> Pipeline | None:
-    """``pipe`` as interleaved 1F1B with ``v`` chunks per stage (each stage keeps its block count; chunk j of
-    stage s is range ``j * S + s``), or None where it cannot be (one stage, a stage of fewer than ``v``
-    blocks, micro-batches not a multiple of the stages, already interleaved)."""
+    """``pipe`` as interleaved 1F1B with ``v`` chunks per stage (each stage keeps its block count, except that a
+    stage of fewer than ``v`` blocks takes what it lacks from the stage with the most; chunk j of stage s is
+    range ``j * S + s``), or None where it cannot be (one stage, too few blocks, micro-batches not a multiple
+    of the stages, already interleaved)."""
     S = len(pipe.stages)
     if S < 2 or pipe.virtual_stages != 1 or pipe.micro_batches % S:
         return None
     counts = [st.num_layers for st in pipe.stages]
-    if min(counts) < v:
-        return None
+    while min(counts) < v:  # a stage short of v blocks takes them from the stage with the most
+        short, most = counts.index(min(counts)), counts.index(max(counts))
+        need = v - counts[short]
+        if counts[most] - need < v:
+            return None
+        counts[short] += need
+        counts[most] -= need
     sizes = [[n // v + (1 if j < n % v else 0) for j in range(v)] for n in counts]
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(S)]
     at = 0
@@ -418,18 +428,23 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
 def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legality: Legality | None = None,
                     allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
                     max_estimates: int = MAX_ESTIMATES,
-                    key: Callable[[Estimate], float] | None = None, work: Work | None = None) -> list[Priced]:
+                    key: Callable[[Estimate], float] | None = None, work: Work | None = None,
+                    extra: int = EXTRA_PLANS) -> list[Priced]:
     """:func:`modernize` on the ``top`` best version-1 plans of ``results`` (by ``key``, lower is better;
     default: iteration time): the faster variants found (the first plan gets half the deadline, the second
-    half of the rest, the third the rest). A variant runs on its plan's GPUs, so faster is also cheaper."""
+    half of the rest, the third the rest); then, while the deadline lasts (the first ``top`` finished early),
+    on up to ``extra`` more, each again half of what is left. A variant runs on its plan's GPUs, so faster is
+    also cheaper."""
     rank = key or (lambda e: e.iteration_time_s)
     # (the search's plans: version 1, with sequence parallelism where tp > 1 by the completion's rule)
-    start = sorted((r for r in results if not uses_v2(r[0], sequence_parallel=False)), key=lambda r: rank(r[1]))[:top]
+    start = sorted((r for r in results if not uses_v2(r[0], sequence_parallel=False)), key=lambda r: rank(r[1]))
+    start = start[:top + extra]
     out = []
     for i, (plan, est) in enumerate(start):
         if deadline is not None and deadline.expired():
             break
-        sub = deadline.child(deadline.remaining / (2 if i < len(start) - 1 else 1)) if deadline is not None else None
+        last = i == min(top, len(start)) - 1 or i == len(start) - 1
+        sub = deadline.child(deadline.remaining / (1 if last else 2)) if deadline is not None else None
         better = modernize(plan, est, cost_model, legality=legality, allow_fp8=allow_fp8, deadline=sub,
                            max_estimates=max_estimates, work=work)
         if better[0] is not plan:
