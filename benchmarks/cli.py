@@ -116,7 +116,7 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=20.0)
     p.add_argument("--oracle-budget", type=float, default=300.0)
     p.add_argument("--set", choices=("small", "medium"), default="small",
-                   help="small: 6-8 GPUs x 4 models; medium: 64-GPU clusters of two types (give the oracle an hour)")
+                   help="small: 6-8 GPUs x 4 models; medium: 64-256 GPUs of two types (give the oracle an hour)")
     p.add_argument("--only", default="", help="only the cases whose cluster/model contains this text")
     _out(p, R / "arachne")
     p = _add(g, "ablation", "benchmarks.arachne_eval:ablation", "learned vs policy vs random vs rule templates")

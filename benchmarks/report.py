@@ -80,8 +80,8 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "arachne-optimality": ("arachne vs the exhaustive oracle", "small cases (6-8 GPUs), same space: every "
                            "template, then the knobs on the oracle's best",
                            "python -m benchmarks arachne optimality --oracle-budget 60"),
-    "arachne-optimality-medium": ("arachne vs the exhaustive oracle, 64 GPUs",
-                                  "64-GPU clusters of two types, the oracle given an hour of wall time each",
+    "arachne-optimality-medium": ("arachne vs the exhaustive oracle, 64-256 GPUs",
+                                  "clusters of 64-256 GPUs of two types, the oracle given an hour of wall time each",
                                   "python -m benchmarks arachne optimality --set medium --oracle-budget 3600"),
     "arachne-ablation": ("Learning ablation", "learned / policy top-K / K random / first K rules / every rule",
                          "python -m benchmarks arachne ablation --k 8 --out results/arachne/k8; "
@@ -140,7 +140,7 @@ NEEDED: list[tuple[str, str]] = [
     ("planning time on odd-node clusters, in process (seeds 103-104)",
      "python -m benchmarks replay latency odd103 odd104"),
     ("arachne vs the exhaustive oracle, 24 small cases", "python -m benchmarks arachne optimality --oracle-budget 60"),
-    ("arachne vs the exhaustive oracle, 64-GPU cases",
+    ("arachne vs the exhaustive oracle, 64-256 GPUs",
      "python -m benchmarks arachne optimality --set medium --oracle-budget 3600"),
     ("learning ablation, K = 8", "python -m benchmarks arachne ablation --k 8 --out results/arachne/k8"),
     ("learning ablation, K = 24", "python -m benchmarks arachne ablation"),
