@@ -459,6 +459,27 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             found, lead, reps = found + got, max(got, key=lambda r: r[1].tokens_per_s)[1], reps // 2
         return found
 
+    def wider_tp(subset: tuple[int, ...], priced_as_is: list[Priced]) -> list[Priced]:
+        """The type-first seed (one stage, tp 1) at tp 2, 4, ... inside its nodes: until one fits where tp 1 does
+        not, then again while that prices faster and only while its exposed gradient sync is
+        :data:`FEWER_REPLICAS_SYNC` of its compute (each GPU then reduces 1/tp of the gradients; Megatron's grid on
+        odd106-rerun/rob-006: GPT-3-6.7B, a batch of 64 x 512, one stage of tp 4 x dp 16 on 64 A100-40 of 360
+        GPUs, where tp 1 does not fit)."""
+        lead = max(priced_as_is, key=lambda r: r[1].tokens_per_s)[1] if priced_as_is else None
+        found: list[Priced] = []
+        tp = 2
+        while not deadline.expired() and (lead is None or lead.breakdown.get("dp_sync_exposed_s", 0.0) >=
+                                          FEWER_REPLICAS_SYNC * lead.breakdown["compute_s"]):
+            tpl = uniform_template(ctx, subset, tp, 1)
+            if tpl is None or len(tpl.groups) != 1:
+                break
+            got = complete_all([tpl], quick=True)
+            top = max(got, key=lambda r: r[1].tokens_per_s)[1] if got else None
+            if lead is not None and (top is None or top.tokens_per_s <= lead.tokens_per_s):
+                break
+            found, lead, tp = found + got, top if top is not None else lead, tp * 2
+        return found
+
     shallowest: list[tuple[tuple[int, ...], int, int, float]] = []
     priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
     whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
@@ -466,7 +487,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     for best in equal_share_seeded(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else ():
         out += complete_all([lockstep_template(ctx, best, 1, 1, priced)], quick=True)
         uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
-        out += uniform + fewer_replicas(best, uniform)
+        out += uniform + fewer_replicas(best, uniform) + wider_tp(best, uniform)
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         # a GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
         # classes whose nodes hold tp), as Megatron's grid runs the type's largest uniform part; several types:

@@ -581,3 +581,29 @@ def test_seeds_that_differ_only_in_their_experts_degree_are_one_start_for_the_kn
     other = plan.model_copy(update={"micro_batch_size": plan.micro_batch_size // 2, "pipelines": tuple(
         q.model_copy(update={"micro_batches": q.micro_batches * 2}) for q in plan.pipelines)})
     assert seeds.layout_key(other) != seeds.layout_key(plan)
+
+
+# re-run odd106-rerun/rob-006 (its two largest types): Megatron's grid ran one stage of tp 4 x dp 16 on the 64
+# A100-40; tp 1 does not fit there and the family reached the A100 alone at tp 4 only after its time had run out
+ROB006 = {"name": "rob-006", "nodes": [
+    {"name": "a100-x8-{i}", "count": 8, "gpu": "A100-40", "gpus_per_node": 8, "inter_node_gbps": 200},
+    {"name": "l40s-x4-{i}", "count": 25, "gpu": "L40S", "gpus_per_node": 4, "inter_node_gbps": 50}]}
+
+
+def test_the_type_first_seed_widens_its_tp_where_tp_1_does_not_fit_or_its_sync_dominates():
+    cl = cluster_from_dict(ROB006)
+    ctx = PlanningContext(cl, model_catalog().get("GPT-3-6.7B"), Job(global_batch_size=64, sequence_length=512),
+                          CostModel(cl))
+    best = seeds.equal_share_seeded(ctx)[0]
+    assert {ctx.classes[i].gpu.name for i in best} == {"A100-SXM4-40GB"}
+    tp1 = seeds.uniform_template(ctx, best, 1, 1)
+    assert not any(seeds.complete_seed(tp1, ctx, mbs, lambda _p: True) for mbs in (1, 2, 4))  # tp 1 does not fit
+    found = seeds.seed_plans(ctx, Deadline(0.05, WorkClock(ctx.work, ctx.cost_model)))
+    first = found[:4]  # the family's first seeds: the A100 alone, one stage, at tp 2 and then tp 4 (faster)
+    assert all({cl.devices[d].gpu.name for d in p.devices} == {"A100-SXM4-40GB"} for p, _ in first)
+    assert all(len(q.stages) == 1 for p, _ in first for q in p.pipelines)
+    tps = [{st.tp for q in p.pipelines for st in q.stages} for p, _ in first]
+    assert tps[0] == {2} and {4} in tps
+    assert max(e.tokens_per_s for _, e in first) >= max(e.tokens_per_s for _, e in found[4:])
+    for p, _ in first:
+        validate_plan(p, cl, ctx.model)
