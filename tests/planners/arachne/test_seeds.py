@@ -103,7 +103,8 @@ def test_each_types_lock_step_pipeline_alone_comes_right_after_the_mixed_one():
     cm = ctx.cost_model
     out = seeds.seed_plans(ctx, Deadline(20, lambda: float(cm.estimates)))
     alone = [p for p, _ in out if len(p.pipelines) == 1 and len(p.pipelines[0].stages) == 1
-             and {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"H100-SXM5-80GB"}]
+             and {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"H100-SXM5-80GB"}
+             and p.pipelines[0].stages[0].tp == 1]  # (the type-first seed at wider tp is priced here too)
     assert alone and all(p.pipelines[0].stages[0].ep > 1 for p in alone)
 
 
