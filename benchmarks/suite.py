@@ -31,6 +31,7 @@ STREAM_A = [
 STREAM_B = [
     ("latency", ["arachne", "latency", "--baselines", "sailor,flashflex,metis,amp,megatron", "--budget", "30"]),
     ("optimality", ["arachne", "optimality", "--oracle-budget", "60"]),
+    ("optimality-medium", ["arachne", "optimality", "--set", "medium", "--oracle-budget", "3600"]),
     ("ablation8", ["arachne", "ablation", "--k", "8", "--out", "results/arachne/k8"]),
     ("ablation24", ["arachne", "ablation"]),
     ("generalise", ["arachne", "generalise", "--budget", "10", "--teacher-budget", "30"]),
