@@ -230,3 +230,28 @@ def batch_shares(tpl: Template, gbs: int, multiple: int = 1) -> list[Template]:
     if multiple > 1:
         return [cap_replicas(tpl, r) for r in dict.fromkeys([even, n - n % multiple])]
     return [cap_replicas(tpl, even), tpl] if even < n else [tpl]
+
+
+def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
+    """The type-oblivious grid's structure: as many replicas as possible of one pipeline of ``stages`` stages of
+    ``tp`` GPUs over every GPU type of ``subset``, each type serving consecutive stages in proportion to its GPUs
+    (the first types first); None with fewer than two types in it (:func:`uniform_template` is that)."""
+    pl = pools(ctx, subset, tp)
+    if len(pl) < 2:
+        return None
+    for reps in range(sum(n for _, n in pl) // (stages * tp), 0, -1):
+        ks = [n // (reps * tp) for _, n in pl]
+        if sum(ks) < stages:
+            continue
+        left, take = stages, []
+        for k in ks:
+            take.append(min(k, left))
+            left -= take[-1]
+        used = [(first, k) for (first, _), k in zip(pl, take) if k]
+        if len(used) < 2:
+            return None
+        slots = tuple(Slot(first, tp, pool=sum(n for f, n in pl if f == first) > ctx.classes[first].count)
+                      for first, k in used for _ in range(k))
+        tpl = Template((Group(slots, reps),))
+        return tpl if tpl.fits_counts(ctx.classes) else None
+    return None

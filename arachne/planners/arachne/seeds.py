@@ -59,6 +59,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     gpus_used,
     holds_state,
     lockstep_dp,
+    mixed_template,
     next_depth,
     pools,
     seed_depths,
@@ -244,31 +245,6 @@ def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: 
         if tpl.fits_counts(ctx.classes):
             out.append(tpl)
     return out + [stage_orders(tpl)[1] for tpl in out]
-
-
-def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
-    """The type-oblivious grid's structure: as many replicas as possible of one pipeline of ``stages`` stages of
-    ``tp`` GPUs over every GPU type of ``subset``, each type serving consecutive stages in proportion to its GPUs
-    (the first types first); None with fewer than two types in it (:func:`uniform_template` is that)."""
-    pl = pools(ctx, subset, tp)
-    if len(pl) < 2:
-        return None
-    for reps in range(sum(n for _, n in pl) // (stages * tp), 0, -1):
-        ks = [n // (reps * tp) for _, n in pl]
-        if sum(ks) < stages:
-            continue
-        left, take = stages, []
-        for k in ks:
-            take.append(min(k, left))
-            left -= take[-1]
-        used = [(first, k) for (first, _), k in zip(pl, take) if k]
-        if len(used) < 2:
-            return None
-        slots = tuple(Slot(first, tp, pool=sum(n for f, n in pl if f == first) > ctx.classes[first].count)
-                      for first, k in used for _ in range(k))
-        tpl = Template((Group(slots, reps),))
-        return tpl if tpl.fits_counts(ctx.classes) else None
-    return None
 
 
 def _placed(t: Template, ctx: PlanningContext, cache: dict) -> list:

@@ -262,22 +262,28 @@ def test_recomputation_is_cut_to_what_memory_needs():
     assert recomputed < sum(st.num_layers for p in full.pipelines for st in p.stages)
 
 
+def mixtral_two_stages(ep: int):
+    """Mixtral over two stages of 16 H100 (tp 2 x dp 8, four nodes of 8) with experts parallel over ``ep``."""
+    from arachne.plan import Plan
+
+    cl = cluster([("H100", 4, 8)])
+    devs = [f"g0-{n}:{i}" for n in range(4) for i in range(8)]
+    stages = [{"layers": [16 * s, 16 * s + 16], "devices": devs[16 * s:16 * s + 16], "tp": 2, "dp": 8, "ep": ep}
+              for s in range(2)]
+    return cl, Plan.model_validate({"model": "mixtral-8x7b", "global_batch_size": 256, "sequence_length": 4096,
+                                    "micro_batch_size": 8, "precision": "bf16", "zero_stage": 1,
+                                    "schedule": "1f1b", "pipelines": [{"micro_batches": 32, "stages": stages}]})
+
+
 def test_overlapped_expert_all_to_alls_are_offered_where_the_runtime_runs_them():
     """The ``moe_overlap`` knob prices ``overlap_moe_comm`` on a plan with ep > 1 (as it is, interleaved, and
     with its memory's recomputation); Mixtral over two 16-GPU stages with ep 8 across nodes gains from it. Under
     the megatron runtime the kept variant is one Megatron-Core pairs (interleaved, pp > 1); a kept variant is
     never slower and always fits."""
-    from arachne.plan import Plan
     from arachne.planners.arachne.completion.modern import Knobs, legal_check
     from arachne.spec.runtimes import moe_overlap_errors
 
-    cl = cluster([("H100", 4, 8)])
-    devs = [f"g0-{n}:{i}" for n in range(4) for i in range(8)]
-    stages = [{"layers": [16 * s, 16 * s + 16], "devices": devs[16 * s:16 * s + 16], "tp": 2, "dp": 8, "ep": 8}
-              for s in range(2)]
-    plan = Plan.model_validate({"model": "mixtral-8x7b", "global_batch_size": 256, "sequence_length": 4096,
-                                "micro_batch_size": 8, "precision": "bf16", "zero_stage": 1, "schedule": "1f1b",
-                                "pipelines": [{"micro_batches": 32, "stages": stages}]})
+    cl, plan = mixtral_two_stages(ep=8)
     cm = CostModel(cl)
     est = cm.estimate(plan)
     model = cm.resolve_model(plan)
@@ -325,13 +331,7 @@ def test_each_expert_layout_is_also_priced_with_its_all_to_alls_overlapped():
     from arachne.plan import Plan
     from arachne.planners.arachne.completion.modern import Knobs, legal_check
 
-    cl = cluster([("H100", 4, 8)])
-    devs = [f"g0-{n}:{i}" for n in range(4) for i in range(8)]
-    stages = [{"layers": [16 * s, 16 * s + 16], "devices": devs[16 * s:16 * s + 16], "tp": 2, "dp": 8, "ep": 2}
-              for s in range(2)]
-    plan = Plan.model_validate({"model": "mixtral-8x7b", "global_batch_size": 256, "sequence_length": 4096,
-                                "micro_batch_size": 8, "precision": "bf16", "zero_stage": 1, "schedule": "1f1b",
-                                "pipelines": [{"micro_batches": 32, "stages": stages}]})
+    cl, plan = mixtral_two_stages(ep=2)
     cm = CostModel(cl)
     est = cm.estimate(plan)
     model = cm.resolve_model(plan)
