@@ -17,6 +17,7 @@ from arachne.planners.arachne.completion.modern import (
     interleaved,
     modern_variants,
     modernize,
+    recomputes,
     with_cp,
 )
 from arachne.planners.harness import run_planner
@@ -383,3 +384,32 @@ def test_plans_past_the_first_three_get_the_knobs_with_what_they_leave(monkeypat
     monkeypatch.setattr(modern, "modernize", spend)
     modern_variants(results, cm, deadline=deadline)
     assert seen == [1.0, 2.0, 3.0]
+
+
+def h100_a100_two_stages():
+    """16 H100 and 16 A100-40 (nodes of 8), LLaMA-2-13B at a batch of 128 x 4,096: 16 pipelines of an A100-40
+    stage of 11 blocks and an H100 stage of 29, priced by the completion (version 1, ZeRO-1, no recomputation)."""
+    from arachne.planners.arachne.actions import Action, State
+    from arachne.planners.arachne.completion.price import price_template
+    from arachne.planners.arachne.context import PlanningContext
+
+    cl = cluster([("H100", 2, 8), ("A100-40", 2, 8)])
+    cm = CostModel(cl)
+    ctx = PlanningContext(cl, model_catalog().get("LLaMA-2-13B"), Job(global_batch_size=128, sequence_length=4096),
+                          cm)
+    st = State(16, (Action("mix", 1, 1, 1, 1, 16), Action("mix", 1, 1, 1, 1, 16)))
+    return cm, price_template(st.template(), ctx)
+
+
+def test_an_interleaving_short_of_memory_shards_the_gradients_before_recomputing():
+    """Interleaving holds more micro-batches in flight; where it no longer fits, ZeRO-2 (no more traffic than
+    the distributed optimizer's) is tried before recomputation. The medium oracle case H100 128 + A100-40 128 /
+    LLaMA-2-13B: arachne's third plan reaches 1,050,946 tokens/s with it (998,904 without, 0.956x the oracle); on
+    this small analogue the knobs reached 1.034x the version-1 plan without it (no interleaving, ZeRO-1), 1.113x
+    with it, also with 200 estimates."""
+    cm, (plan, est) = h100_a100_two_stages()
+    assert plan.zero_stage == 1 and not recomputes(plan) and all(p.virtual_stages == 1 for p in plan.pipelines)
+    new, new_est = strict_modernize(plan, est, cm)
+    assert new.zero_stage == 2 and not recomputes(new) and all(p.virtual_stages > 1 for p in new.pipelines)
+    assert new_est.fits and new_est.tokens_per_s >= 1.08 * est.tokens_per_s
+

@@ -257,7 +257,21 @@ class Knobs:
         for cand in interleavings(self.best[0]):
             est = self.price(cand)
             if est is not None and not self.offer(cand, est) and not est.fits:
-                self.relax(cand, est)
+                self.make_fit(cand, est)
+
+    def make_fit(self, plan: Plan, est: Estimate) -> None:
+        """A variant short of memory: first with its gradients sharded too (ZeRO-2: the same traffic as the
+        distributed optimizer's reduce-scatter and gather), kept where that alone makes it fit; else with the
+        recomputation that makes it fit (as it was: a recomputing ZeRO-2 variant taken here would stop the
+        ZeRO knob from trying ZeRO-2 on the plan without the variant's change)."""
+        if replicated(plan) and plan.zero_stage < 2:
+            z2 = _with_pipelines(plan, plan.pipelines, zero_stage=2, overlap_param_gather=plan.overlap_grad_reduce,
+                                 format=PLAN_FORMAT_V2)
+            e2 = self.price(z2)
+            if e2 is not None and e2.fits:
+                self.offer(z2, e2)
+                return
+        self.relax(plan, est)
 
     def experts(self) -> None:
         if not self.model.is_moe:
@@ -296,7 +310,7 @@ class Knobs:
         for cand in cands:
             est = self.price(cand)
             if est is not None and not self.offer(cand, est) and not est.fits:
-                self.relax(cand, est)
+                self.make_fit(cand, est)
 
     def zero(self) -> None:
         plan = self.best[0]
