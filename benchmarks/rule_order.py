@@ -11,6 +11,9 @@ first K templates divided by the best of the whole pool. Orderings:
   rule-proxy   the mixed rules alone, by their throughput proxy (``_mix_proxy``)
   plain        the mixed rules, all classes at one tp level, more replicas first (the first rule)
   random       the whole pool shuffled (mean of 5 shuffles)
+  planner      what the default pass has after screening K: the rule pool's first mixed rule ahead of the learned
+               order (``SearchOptions.proxy_first``), and the floor's core, which it prices before screening; scored
+               against the best of the pool and the core (the other orderings leave the core out)
 It also prints how much the policy's proposals add: the best of every rule template (the floor's
 core and the rule pool), screened, against the best with the proposals.
 Cases: the planners grid and the random clusters of ``sweep run`` for each ``--seeds`` value; neither is
@@ -36,6 +39,7 @@ from arachne.planners.arachne.learned.ranker import (
     shipped_ranker,
     template_matrix,
 )
+from arachne.planners.arachne.options import ArachneOptions
 from arachne.planners.arachne.search.beams import policy_search
 from arachne.planners.arachne.search.pricer import Pricer
 from arachne.planners.arachne.search.rules import (
@@ -51,7 +55,7 @@ from arachne.spec.model import model_catalog
 from benchmarks import common
 
 KS = (2, 4, 8, 16)
-ORDERS = ("learned", "interleaved", "proxy", "rules", "rule-proxy", "plain", "random")
+ORDERS = ("learned", "interleaved", "proxy", "rules", "rule-proxy", "plain", "random", "planner")
 
 
 def cases(seeds: list[int]):
@@ -108,9 +112,14 @@ def rule_order(a) -> None:
                   "plain": plain_order(ctx)}
         # how much the policy's proposals add: the best of every rule template (the floor's core and the
         # mixed rules) over the best of the pool and the core
-        rule_best = max([value.get(st.template(), 0.0) for st in rest] + [pricer.screen_state(st) for st in core])
+        core_best = max((pricer.screen_state(st) for st in core), default=0.0)
+        rule_best = max([value.get(st.template(), 0.0) for st in rest] + [core_best])
         row = {"case": name, "gpus": cl.num_gpus, "pool": len(pool), "rules": len(rest),
                "rules@all": rule_best / max(best, rule_best)}
+        first = [st.template() for st in rest[: ArachneOptions().search.proxy_first]]
+        planner = list(dict.fromkeys(first + orders["learned"]))
+        for k in KS:
+            row[f"planner@{k}"] = max([core_best] + [value.get(t, 0.0) for t in planner[:k]]) / max(best, core_best)
         for o, seq_ in orders.items():
             seq_ = list(dict.fromkeys(seq_))
             for k in KS:
