@@ -262,8 +262,8 @@ class Knobs:
     def make_fit(self, plan: Plan, est: Estimate) -> None:
         """A variant short of memory: first with its gradients sharded too (ZeRO-2: the same traffic as the
         distributed optimizer's reduce-scatter and gather), kept where that alone makes it fit; else with the
-        recomputation that makes it fit (as it was: a recomputing ZeRO-2 variant taken here would stop the
-        ZeRO knob from trying ZeRO-2 on the plan without the variant's change)."""
+        recomputation that makes it fit. A recomputing ZeRO-2 variant is not taken here: it would keep the ZeRO
+        knob from trying ZeRO-2 on the plan without the variant's change (decision 0024)."""
         if replicated(plan) and plan.zero_stage < 2:
             z2 = _with_pipelines(plan, plan.pipelines, zero_stage=2, overlap_param_gather=plan.overlap_grad_reduce,
                                  format=PLAN_FORMAT_V2)
