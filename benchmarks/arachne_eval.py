@@ -16,6 +16,7 @@ from typing import Any
 
 from arachne.cost import CostModel
 from arachne.errors import NoFeasiblePlanError
+from arachne.planners.arachne.options import BASE_TARGET_S
 from arachne.planners.harness import run_planner
 from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
@@ -206,7 +207,8 @@ def latency(a) -> None:
     for n_gpus, n_types, cl, job in common.latency_clusters():
         r: dict[str, Any] = {"gpus": cl.num_gpus, "types": n_types}
         for p in planners:
-            res = run(p, cl, "LLaMA-2-13B", job, a.budget)
+            kw = {"target_s": a.target} if p == "arachne" and a.target is not None else {}
+            res = run(p, cl, "LLaMA-2-13B", job, a.budget, **kw)
             r[f"{p}_s"], r[f"{p}_tok_s"] = res["time_s"], res["tokens_per_s"]
             if p == "arachne":
                 r["arachne_cpu_s"], r["arachne_work_s"] = res["cpu_s"], res.get("work_s")
@@ -231,7 +233,8 @@ def latency(a) -> None:
         common.console.print(f"a search baseline reached arachne's throughput (within 1%) in {len(reached)}/{len(rows)} "
                              f"cases; there arachne was {min(reached, default=float('nan')):.1f}x to "
                              f"{max(reached, default=float('nan')):.1f}x faster")
-    common.write_result(a.out, "latency", rows, summary, {"baselines": planners[1:], "budget": a.budget},
+    common.write_result(a.out, "latency", rows, summary, {"baselines": planners[1:], "budget": a.budget,
+                                                          "target_s": a.target or BASE_TARGET_S},
                         benchmark="arachne-latency")
 
 

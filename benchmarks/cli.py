@@ -130,6 +130,7 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "latency", "benchmarks.arachne_eval:latency", "planning time vs cluster size (8-1024 GPUs)")
     p.add_argument("--baselines", default="", help="search baselines run beside arachne (comma-separated)")
     p.add_argument("--budget", type=float, default=20.0, help="the baselines' budget, s")
+    p.add_argument("--target", type=float, default=None, help="arachne's latency target, s (default: its own)")
     _out(p, R / "arachne")
     p = _add(g, "target", "benchmarks.arachne_eval:target", "throughput at several --target values")
     p.add_argument("--targets", default="0.8,2,4")

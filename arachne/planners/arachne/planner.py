@@ -121,19 +121,25 @@ class ArachnePlanner:
                       budget: SearchBudget) -> PlannerResult:
         o = self.options
         deadline = budget.deadline()  # the caller's budget, on the wall clock
+        span = o.target.target_s
+        base = min(span, BASE_TARGET_S)  # the default pass, which a longer target runs first and then extends
         if not has_odd_nodes(cluster) or not 0 < o.shares.parts_share < 1:
-            return self._plan(cluster, model, job, cost_model, budget, deadline, o.shares.parts_share > 0, 1.0)
+            return self._plan(cluster, model, job, cost_model, budget, deadline, o.shares.parts_share > 0, span,
+                              base)
         if len(cluster.devices) > o.search.parts_max_gpus:  # a large cluster's search needs all of the target
-            return self._plan(cluster, model, job, cost_model, budget, deadline, False, 1.0)
+            return self._plan(cluster, model, job, cost_model, budget, deadline, False, span, base)
         # nodes of 3, 6 or 7 GPUs: first a quick pass (its floor, screens and first prices; no refinement) over
         # their power-of-two parts as classes (tp 2 and 4 fit a node of 7), then the search over whole nodes (a
-        # stage of dp 6, fewer classes for mixed pipelines) with the rest of the target; the faster plan wins
-        parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, o.shares.parts_share,
-                           fallback=False)
-        rest = max(o.shares.whole_min_share, 1 - parts.stats.notes.get("work_s", 0.0) / o.target.target_s)
-        whole = self._plan(cluster, model, job, cost_model, budget, deadline, False, rest, fallback=not parts.plans)
+        # stage of dp 6, fewer classes for mixed pipelines) with the rest of the target; the faster plan wins.
+        # Both are split as the default target splits them; a longer target's extra time goes to the whole-node
+        # search, so its default pass is the default's own (a longer target never returns a slower plan)
+        quick = base * o.shares.parts_share
+        parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, quick, quick, fallback=False)
+        rest = base * max(o.shares.whole_min_share, 1 - parts.stats.notes.get("work_s", 0.0) / base)
+        whole = self._plan(cluster, model, job, cost_model, budget, deadline, False, rest + span - base, rest,
+                           fallback=not parts.plans)
         if not parts.plans and not whole.plans:  # nothing fits whole nodes: every part template, while time lasts
-            parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, 1.0)
+            parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, span, base)
         stats = parts.stats
         stats.candidates += whole.stats.candidates
         stats.timed_out = stats.timed_out or whole.stats.timed_out
@@ -145,16 +151,18 @@ class ArachnePlanner:
         return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], stats)
 
     def _plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel, budget: SearchBudget,
-              deadline: Deadline, parts: bool, share: float, fallback: bool = True) -> PlannerResult:
-        """One search over the cluster's classes (``parts``: odd nodes by parts) with ``share`` of the target;
-        ``fallback``: where nothing fits, the priced teacher and then every template while the budget lasts."""
+              deadline: Deadline, parts: bool, span: float, base_span: float,
+              fallback: bool = True) -> PlannerResult:
+        """One search over the cluster's classes (``parts``: odd nodes by parts) for ``span`` seconds of the
+        target, of which ``base_span`` is its default pass (a longer span runs that pass as it is, then extends
+        it); ``fallback``: where nothing fits, the priced teacher and then every template while the budget lasts."""
         o = self.options
-        whole = min(o.target.target_s * share, deadline.remaining)
+        whole = min(span, deadline.remaining)
         # the seeds' and the knobs' passes run after the search, within the same target: the search gets the rest
         full_target = whole * (1 - _post_share(job, self._priced)) if o.ablation.modern_knobs else whole
         # a target beyond the default runs the default pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the default would have found
-        base = BASE_TARGET_S * share * (full_target / whole if whole > 0 else 1.0)
+        base = base_span * (full_target / whole if whole > 0 else 1.0)
         extend = o.ablation.mode == "policy" and o.ablation.use_floor and not o.ablation.rank_k and full_target > base
         target = base if extend else full_target
         polish_at = target * (1 - o.shares.polish_share) if self._polishes else target
@@ -307,7 +315,7 @@ class ArachnePlanner:
             if extend and pricer.best() is not None and o.ablation.modern_knobs:
                 # what the default target returns (its passes after the search, as it runs them) stays in the
                 # pool, so a longer target never returns a slower plan
-                polished += post(BASE_TARGET_S * share, polished)
+                polished += post(base_span, polished)
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - run.elapsed, 3)
                 end = full_target * (1 - o.shares.polish_share) if self._polishes else full_target
