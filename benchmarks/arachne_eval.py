@@ -16,7 +16,7 @@ from typing import Any
 
 from arachne.cost import CostModel
 from arachne.errors import NoFeasiblePlanError
-from arachne.planners.arachne.options import BASE_TARGET_S
+from arachne.planners.arachne.options import DEFAULT_TARGET_S
 from arachne.planners.harness import run_planner
 from arachne.planners.protocol import SearchBudget
 from arachne.spec.cluster import cluster_from_dict
@@ -234,7 +234,7 @@ def latency(a) -> None:
                              f"cases; there arachne was {min(reached, default=float('nan')):.1f}x to "
                              f"{max(reached, default=float('nan')):.1f}x faster")
     common.write_result(a.out, "latency", rows, summary, {"baselines": planners[1:], "budget": a.budget,
-                                                          "target_s": a.target or BASE_TARGET_S},
+                                                          "target_s": a.target or DEFAULT_TARGET_S},
                         benchmark="arachne-latency")
 
 

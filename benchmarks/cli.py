@@ -195,7 +195,7 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "check", "benchmarks.work_clock:check", "same plan idle and under load; wall / work")
     p.add_argument("--seeds", default="12")
     p.add_argument("--n", type=int, default=30)
-    p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--target", type=float, default=None, help="s of work (default: the planner's own)")
     _out(p, R / "work_clock")
 
     p = _add(sub, "replan-trace", "benchmarks.replan_trace:replan_trace", "every planner follows a GPU "

@@ -1,4 +1,4 @@
-"""``replay long-budget``: does arachne (0.8 s of work) still hold when the search baselines get far longer?
+"""``replay long-budget``: does arachne (at its default target) still hold when the search baselines get far longer?
 
 The robustness sweeps give every planner 5 s. Metis, Sailor and FlashFlex often run into that cap, so a longer
 budget can find them better plans. This re-runs, through the CLI, each search baseline of the given sweeps

@@ -11,7 +11,7 @@ first K templates divided by the best of the whole pool. Orderings:
   rule-proxy   the mixed rules alone, by their throughput proxy (``_mix_proxy``)
   plain        the mixed rules, all classes at one tp level, more replicas first (the first rule)
   random       the whole pool shuffled (mean of 5 shuffles)
-  planner      what the default pass has after screening K: the rule pool's first mixed rule ahead of the learned
+  planner      what the base pass has after screening K: the rule pool's first mixed rule ahead of the learned
                order (``SearchOptions.proxy_first``), and the floor's core, which it prices before screening; scored
                against the best of the pool and the core (the other orderings leave the core out)
 It also prints how much the policy's proposals add: the best of every rule template (the floor's

@@ -24,6 +24,7 @@ import statistics
 import time
 
 from arachne.cost import CostModel
+from arachne.planners.arachne.options import DEFAULT_TARGET_S
 from arachne.planners.arachne.planner import ArachnePlanner
 from arachne.planners.arachne.work_clock import RATES, WORK_FIELDS, Work
 from arachne.planners.protocol import SearchBudget
@@ -122,16 +123,17 @@ def check(a) -> None:
     if not any(RATES.values()):
         common.fail("the work clock has no rates yet: run `work-clock fit --install` first")
     probs = problems([int(s) for s in a.seeds.split(",")])[: a.n]
+    target = a.target if a.target is not None else DEFAULT_TARGET_S
     plan_once(*probs[0][1:], 0.3, "work")
     rows = []
     for name, cl, rc in probs:
-        _, wall, work, best = plan_once(cl, rc, a.target, "work")
+        _, wall, work, best = plan_once(cl, rc, target, "work")
         stop = multiprocessing.Event()
         hogs = [multiprocessing.Process(target=_busy, args=(stop,)) for _ in range(os.cpu_count() or 2)]
         for h in hogs:
             h.start()
         try:
-            _, wall2, work2, best2 = plan_once(cl, rc, a.target, "work")
+            _, wall2, work2, best2 = plan_once(cl, rc, target, "work")
         finally:
             stop.set()
             for h in hogs:
@@ -139,7 +141,7 @@ def check(a) -> None:
         rows.append({"case": name, "gpus": cl.num_gpus, "work_s": work, "wall_s": round(wall, 4),
                      "wall_over_work": round(wall / max(work, 1e-9), 3), "loaded_wall_s": round(wall2, 4),
                      "same_plan_loaded": best == best2 and work == work2})
-    common.print_table(f"work clock check (target {a.target} s of work)", rows)
+    common.print_table(f"work clock check (target {target} s of work)", rows)
     ratios = [r["wall_over_work"] for r in rows]
     summary = {"problems": len(rows), "same_plan_loaded": sum(r["same_plan_loaded"] for r in rows),
                "wall_over_work_median": statistics.median(ratios), "wall_over_work_min": min(ratios),
@@ -147,5 +149,5 @@ def check(a) -> None:
     common.console.print(f"wall / work: median {summary['wall_over_work_median']:.3f}, min {min(ratios):.3f}, max "
                          f"{max(ratios):.3f}; wall median {summary['wall_median_s']:.3f} s; same plan under load "
                          f"{summary['same_plan_loaded']}/{len(rows)}")
-    common.write_result(a.out, "check", rows, summary, {"seeds": a.seeds, "n": a.n, "target": a.target},
+    common.write_result(a.out, "check", rows, summary, {"seeds": a.seeds, "n": a.n, "target": target},
                         benchmark="work-clock-check")

@@ -35,9 +35,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
         target: float | None = typer.Option(
             None, "--target", min=0.05,
-            help="arachne only: seconds the search aims to finish in (default 0.8, capped by --time-budget), "
+            help="arachne only: seconds the search aims to finish in (default 1.2, capped by --time-budget), "
                  "counted in work done (seconds on a 2-core reference machine), so the same input gets the "
-                 "same plan under any load; a longer target runs the default search first, then keeps "
+                 "same plan under any load; a target above 0.8 runs the base search first, then keeps "
                  "improving on it"),
         objective: str = typer.Option("throughput", "--objective",
                                       help="throughput (default: most tokens/s) or cost (least USD per token; "

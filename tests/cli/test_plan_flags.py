@@ -76,3 +76,15 @@ def test_compare_takes_the_same_rules_and_objective():
     line = one_error_line(invoke("compare", "--cluster", RTX, *JOB, "--planners", "megatron", "--objective",
                                  "cost"), 2)
     assert "no price for GPU type RTX" in line
+
+
+def test_the_target_help_names_the_planners_own_defaults():
+    """The CLI does not import the planner to stay quick to start, so its help states the targets as text."""
+    import typer.main
+
+    from arachne.cli.app import app
+    from arachne.planners.arachne.options import BASE_TARGET_S, DEFAULT_TARGET_S
+
+    plan = typer.main.get_command(app).commands["plan"]
+    text = next(p.help for p in plan.params if p.name == "target")
+    assert f"(default {DEFAULT_TARGET_S:g}," in text and f"a target above {BASE_TARGET_S:g} runs" in text

@@ -122,7 +122,7 @@ class ArachnePlanner:
         o = self.options
         deadline = budget.deadline()  # the caller's budget, on the wall clock
         span = o.target.target_s
-        base = min(span, BASE_TARGET_S)  # the default pass, which a longer target runs first and then extends
+        base = min(span, BASE_TARGET_S)  # the base pass, which a longer target runs first and then extends
         if not has_odd_nodes(cluster) or not 0 < o.shares.parts_share < 1:
             return self._plan(cluster, model, job, cost_model, budget, deadline, o.shares.parts_share > 0, span,
                               base)
@@ -131,8 +131,8 @@ class ArachnePlanner:
         # nodes of 3, 6 or 7 GPUs: first a quick pass (its floor, screens and first prices; no refinement) over
         # their power-of-two parts as classes (tp 2 and 4 fit a node of 7), then the search over whole nodes (a
         # stage of dp 6, fewer classes for mixed pipelines) with the rest of the target; the faster plan wins.
-        # Both are split as the default target splits them; a longer target's extra time goes to the whole-node
-        # search, so its default pass is the default's own (a longer target never returns a slower plan)
+        # Both are split as the base pass splits them; a longer target's extra time goes to the whole-node
+        # search, so its base pass is the base pass's own (a longer target never returns a slower plan)
         quick = base * o.shares.parts_share
         parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, quick, quick, fallback=False)
         rest = base * max(o.shares.whole_min_share, 1 - parts.stats.notes.get("work_s", 0.0) / base)
@@ -154,14 +154,14 @@ class ArachnePlanner:
               deadline: Deadline, parts: bool, span: float, base_span: float,
               fallback: bool = True) -> PlannerResult:
         """One search over the cluster's classes (``parts``: odd nodes by parts) for ``span`` seconds of the
-        target, of which ``base_span`` is its default pass (a longer span runs that pass as it is, then extends
+        target, of which ``base_span`` is its base pass (a longer span runs that pass as it is, then extends
         it); ``fallback``: where nothing fits, the priced teacher and then every template while the budget lasts."""
         o = self.options
         whole = min(span, deadline.remaining)
         # the seeds' and the knobs' passes run after the search, within the same target: the search gets the rest
         full_target = whole * (1 - _post_share(job, self._priced)) if o.ablation.modern_knobs else whole
-        # a target beyond the default runs the default pass first and spends the rest improving on it, so
-        # more time does not change (and lose) what the default would have found
+        # a target beyond the base pass's runs that pass first and spends the rest improving on it, so
+        # more time does not change (and lose) what the base pass would have found
         base = base_span * (full_target / whole if whole > 0 else 1.0)
         extend = o.ablation.mode == "policy" and o.ablation.use_floor and not o.ablation.rank_k and full_target > base
         target = base if extend else full_target
@@ -313,7 +313,7 @@ class ArachnePlanner:
             polished = self._polish(pricer, [], cost_model, target, run)
             mark("polish")
             if extend and pricer.best() is not None and o.ablation.modern_knobs:
-                # what the default target returns (its passes after the search, as it runs them) stays in the
+                # what the base pass returns (its passes after the search, as it runs them) stays in the
                 # pool, so a longer target never returns a slower plan
                 polished += post(base_span, polished)
             if extend and pricer.best() is not None:
@@ -365,10 +365,10 @@ class ArachnePlanner:
 
     def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline,
                 lead: list[State], unscreened: list[State] = ()) -> None:
-        """Time beyond the default target: the lead templates (when the default pass left them out) and the
+        """Time beyond the base pass: the lead templates (when the base pass left them out) and the
         rest of the screened templates priced in full (best screened first); then the ranked pool past what
-        the default pass screened, screened in the ranker's order and the best of it priced (on a large cluster
-        the default pass screens only the first few of hundreds:
+        the base pass screened, screened in the ranker's order and the best of it priced (on a large cluster
+        the base pass screens only the first few of hundreds:
         ``test_a_longer_target_screens_the_ranked_pool_past_the_default_pass``); a wider priced teacher; then
         refinement from each of the three best templates."""
         o = self.options
