@@ -1385,6 +1385,17 @@ def test_a_batch_smaller_than_a_class_gets_one_stage_across_nodes_as_megatron_ru
     assert est.fits and len(stage.devices) == 32 and stage.tp == 2 and stage.dp_size == 16
 
 
+
+def test_the_wide_small_batch_rule_tries_every_tp():
+    """32 sequences on 32 H20 (4 nodes of 8), OPT-30B: one stage of tp 4 x dp 8 is among the class's rule actions
+    (the first rule tries only the least and the most tp; Megatron's grid found this one, seed35-rerun/rob-007)."""
+    from arachne.planners.arachne.search.rules import rule_own_actions
+
+    cl = cluster_from_dict({"name": "t", "nodes": [{"name": "h{i}", "count": 4, "gpu": "H20", "gpus_per_node": 8}]})
+    ctx = ctx_for("OPT-30", gbs=32, seq=512, cluster=cl)
+    acts = rule_own_actions(ctx, 0)
+    assert Action("own", 4, 8, 1, 1, 1) in acts and len(acts) == len(set(acts))
+
 @pytest.mark.slow
 def test_a_gpu_type_split_across_node_sizes_is_pooled_into_identical_pipelines():
     """15 B200 in a node of 8 and a node of 7 (planned as parts 4, 2, 1): per class they make at most

@@ -362,7 +362,7 @@ def test_plans_past_the_first_three_get_the_knobs_with_what_they_leave(monkeypat
     cl = cluster([("A100-40", 1, 4)])
     cm, plans = v1_plans(cl, model_catalog().get("GPT-3-1.3B"), Job(global_batch_size=32, sequence_length=2048))
     plan = plans[0][0]
-    results = [(plan, SimpleNamespace(iteration_time_s=1.0 + i)) for i in range(10)]
+    results = [(plan, SimpleNamespace(iteration_time_s=1.0 + i, breakdown={})) for i in range(10)]
     seen: list[float] = []
 
     def fake(p, est, cost_model, **kw):
@@ -385,6 +385,42 @@ def test_plans_past_the_first_three_get_the_knobs_with_what_they_leave(monkeypat
     modern_variants(results, cm, deadline=deadline)
     assert seen == [1.0, 2.0, 3.0]
 
+
+
+def test_the_plan_the_overlap_lifts_most_is_overlapped_before_the_extras(monkeypatch):
+    """After the three fastest version-1 plans get the knobs, the plan whose time without its gradient sync is
+    the least (the overlap could hide that sync), where that bound beats the third, is priced overlapped and
+    returned when faster; the extras keep their order. A one-stage data-parallel plan, slow as version 1, is
+    the fastest once overlapped (seed35-rerun/rob-007: Megatron's tp 4 x dp 8 on 32 H20)."""
+    from types import SimpleNamespace
+
+    from arachne.planners.arachne.completion import modern
+
+    cl = cluster([("A100-40", 1, 4)])
+    cm, plans = v1_plans(cl, model_catalog().get("GPT-3-1.3B"), Job(global_batch_size=32, sequence_length=2048))
+    plan = plans[0][0]
+    results = [(plan, SimpleNamespace(iteration_time_s=1.0 + i, breakdown={"dp_sync_s": 0.9 * i if i == 6 else 0.0}))
+               for i in range(10)]
+    seen: list[float] = []
+    lifted: list[float] = []
+
+    def fake(p, est, cost_model, **kw):
+        seen.append(est.iteration_time_s)
+        return p, est
+
+    def overlap(knobs):  # the one estimate: the plan with its sync overlapped
+        lifted.append(knobs.best[1].iteration_time_s)
+        knobs.best = (knobs.best[0], SimpleNamespace(iteration_time_s=1.2, breakdown={}, fits=True))
+
+    monkeypatch.setattr(modern, "modernize", fake)
+    monkeypatch.setattr(modern.Knobs, "overlap", overlap)
+    out = modern_variants(results, cm)
+    assert seen == [1.0 + i for i in range(modern.TOP_PLANS + modern.EXTRA_PLANS)]
+    assert lifted == [7.0] and [e.iteration_time_s for _, e in out] == [1.2]  # 7.0 s less 5.4 s of sync: 1.6 s
+    lifted.clear()
+    assert modern_variants(results, cm, lift=False) == [] and lifted == []
+    results[6][1].breakdown["dp_sync_s"] = 3.0  # 4.0 s at best: not faster than the third plan, not priced
+    assert modern_variants(results, cm) == [] and lifted == []
 
 def h100_a100_two_stages():
     """16 H100 and 16 A100-40 (nodes of 8), LLaMA-2-13B at a batch of 128 x 4,096: 16 pipelines of an A100-40

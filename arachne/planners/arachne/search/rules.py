@@ -322,13 +322,14 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
     gbs = ctx.job.global_batch_size
     if ctx.wide_small_batch and not model.is_moe and c.node_size > 1 and 2 * c.node_size <= c.count and gbs <= c.count:
         # a batch smaller than the class, as Megatron runs it: one stage, tp inside the node, data parallel
-        # across nodes with a sequence per group (past the policy's dp choices)
+        # across nodes with a sequence per group, at every tp (the first rule tries only the least and the most)
         for tp in tps:
             dp = 1 << (min(gbs, c.count // tp).bit_length() - 1)
-            if dp > DP_CHOICES[-1] and slot_fits_nodes(tp * dp, c.node_size):
+            act = Action("own", tp, dp, 1, 1, c.count // (tp * dp))
+            if act not in out and slot_fits_nodes(tp * dp, c.node_size):
                 prof = ctx.slot_profile(ci, tp, dp, 1, dp, 1, dp, False)
                 if split_layers([prof], L, 1, ctx.work) is not None:
-                    out.append(Action("own", tp, dp, 1, 1, c.count // (tp * dp)))
+                    out.append(act)
     if model.is_moe:
         # experts over the node's GPUs (tp 1); and, as Megatron does, experts over 8 data-parallel groups of
         # tp 1 (where the node is narrower), 2 or 4, across nodes
