@@ -476,8 +476,7 @@ def _lifted(start: list[Priced], top: int, rank: Callable[[Estimate], float], co
     hides at most all of it), overlapped (one estimate), where that bound beats the ``top``-th plan and the
     overlapped plan is faster than the plan as it was. Version-1 plans leave the sync exposed, so a one-stage
     data-parallel plan that the overlap makes the fastest ranks low without it (seed35-rerun/rob-007: Megatron's
-    tp 4 x dp 8 on 32 H20). Only this knob: the extras keep their order (given all the knobs in its place, it
-    cost the fourth plan its knobs; odd106/rob-028, 1.420x -> 1.355x)."""
+    tp 4 x dp 8 on 32 H20). Only this knob, and the extras keep their order (decision 0026)."""
     def hidden(r: Priced) -> float:
         return rank(r[1]) * (1 - r[1].breakdown.get("dp_sync_s", 0.0) / r[1].iteration_time_s)
 
