@@ -10,6 +10,17 @@ from pathlib import Path
 R = Path("results")
 
 
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds (an argparse type: anything else is one usage error, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 s")
+    return value
+
 def _add(sub, name: str, target: str, help_: str, **kw) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=help_, **kw)
     p.set_defaults(handler=target)
@@ -130,7 +141,7 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "latency", "benchmarks.arachne_eval:latency", "planning time vs cluster size (8-1024 GPUs)")
     p.add_argument("--baselines", default="", help="search baselines run beside arachne (comma-separated)")
     p.add_argument("--budget", type=float, default=20.0, help="the baselines' budget, s")
-    p.add_argument("--target", type=float, default=None, help="arachne's latency target, s (default: its own)")
+    p.add_argument("--target", type=_seconds, default=None, help="arachne's latency target, s (default: its own)")
     _out(p, R / "arachne")
     p = _add(g, "target", "benchmarks.arachne_eval:target", "throughput at several --target values")
     p.add_argument("--targets", default="0.8,2,4")
@@ -195,7 +206,7 @@ def build() -> argparse.ArgumentParser:
     p = _add(g, "check", "benchmarks.work_clock:check", "same plan idle and under load; wall / work")
     p.add_argument("--seeds", default="12")
     p.add_argument("--n", type=int, default=30)
-    p.add_argument("--target", type=float, default=None, help="s of work (default: the planner's own)")
+    p.add_argument("--target", type=_seconds, default=None, help="s of work (default: the planner's own)")
     _out(p, R / "work_clock")
 
     p = _add(sub, "replan-trace", "benchmarks.replan_trace:replan_trace", "every planner follows a GPU "
