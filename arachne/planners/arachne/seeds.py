@@ -456,7 +456,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             found, lead, tp = found + got, top if top is not None else lead, tp * 2
         return found
 
-    shallowest: list[tuple[tuple[int, ...], int, int, float]] = []
+    shallowest: list[tuple[tuple[int, ...], int, int, float, float]] = []  # (subset, tp, depth, before, now)
     priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
     whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
     # first, on several types, the ones that share the batch best, as Megatron's data parallelism would
@@ -486,14 +486,18 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     break
                 if found:
                     out += found
-                    # with cp (long sequences), a depth that fits only by recomputing: one stage deeper at once
-                    # (it may fit without; the next subsets' cross-node cp groups rarely beat it)
-                    deeper = next_depth(ctx, subset, tp, S) if multiple > 1 and all(
-                        recomputes(p) for p, _ in found) else None
+                    # a depth that fits only by recomputing: one stage deeper at once (it may fit without, and
+                    # recomputation costs a third of the compute; with cp, long sequences, the next subsets'
+                    # cross-node cp groups rarely beat it); the walk below goes on from there
+                    deeper = next_depth(ctx, subset, tp, S) if all(recomputes(p) for p, _ in found) else None
                     if deeper is not None and not deadline.expired():
-                        out += at_depth(subset, tp, deeper) or []
+                        more = at_depth(subset, tp, deeper) or []
+                        out += more
+                        if multiple == 1:
+                            shallowest.append((subset, tp, deeper, fastest(found), fastest(more)) if more else
+                                              (subset, tp, S, 0.0, fastest(found)))
                     else:
-                        shallowest.append((subset, tp, S, fastest(found)))
+                        shallowest.append((subset, tp, S, 0.0, fastest(found)))
                     if all(sharded(p) for p, _ in found):
                         out += unsharded(subset, tp, S)
                     break
@@ -505,7 +509,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             out += at_depth(subset, 1, 1) or []
     # then one depth deeper each, and again (breadth first) while the deeper one prices faster (the shallowest
     # counts as faster than nothing)
-    walk = [(subset, tp, S, 0.0, now) for subset, tp, S, now in shallowest] if SEED_DEPTHS > 1 else []
+    walk = shallowest if SEED_DEPTHS > 1 else []
     while walk and not deadline.expired():
         step = []
         for subset, tp, S, before, now in walk:
