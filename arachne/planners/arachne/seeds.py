@@ -486,10 +486,16 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     break
                 if found:
                     out += found
-                    # a depth that fits only by recomputing: one stage deeper at once (it may fit without, and
-                    # recomputation costs a third of the compute; with cp, long sequences, the next subsets'
-                    # cross-node cp groups rarely beat it); the walk below goes on from there
-                    deeper = next_depth(ctx, subset, tp, S) if all(recomputes(p) for p, _ in found) else None
+                    # a depth of one GPU type that fits only by recomputing: one stage deeper at once (it may fit
+                    # without, and recomputation costs a third of the compute: Megatron's grid over the type runs
+                    # the depth that avoids it; over several types the next tp degree paid more: seed31-rerun/
+                    # rob-016 lost 14%), where that could come near the best so far (a slow type's cost another
+                    # seed's time: seed80/rob-012 lost 7%), the walk below going on from there while it prices
+                    # faster; with cp (long sequences) on any subset (the next subsets' cp groups rarely beat it)
+                    one_type = len({ctx.classes[i].gpu.name for i in subset}) == 1
+                    near = unrecomputed(found) >= ALT_WITHIN * max(ctx.best_tok_s, fastest(out))
+                    deeper = next_depth(ctx, subset, tp, S) if (multiple > 1 or one_type and near) and all(
+                        recomputes(p) for p, _ in found) else None
                     if deeper is not None and not deadline.expired():
                         more = at_depth(subset, tp, deeper) or []
                         out += more
@@ -526,6 +532,13 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 def fastest(found: list[Priced]) -> float:
     """The best throughput among priced plans (0 when none)."""
     return max((e.tokens_per_s for _, e in found), default=0.0)
+
+
+def unrecomputed(found: list[Priced]) -> float:
+    """The best throughput among priced plans with their recomputation's time taken off (what a depth that fits
+    without it could reach at best; 0 when none)."""
+    return max((e.tokens_per_s / max(1e-9, 1 - e.breakdown.get("recompute_s", 0.0) / e.iteration_time_s)
+                for _, e in found), default=0.0)
 
 
 def seed_share(job, priced: bool = False) -> float:
