@@ -144,16 +144,19 @@ def _bisect(fill, hi: float, best: list, measure=None, change=None) -> tuple[flo
 
 
 def stage_sends(ctx: PlanningContext, group_placement, mbs: int) -> list[float]:
-    """Per stage of a group, the time its blocking sends (activations forward, gradients back) occupy it
-    per micro-batch, as the cost model charges them; the slower of the group's first and last replica."""
+    """Per stage of a group, the time its blocking sends occupy it per micro-batch, as the cost model charges
+    them: its activations to the next stage and its gradients back to the one before, both (a middle stage sends
+    over two links); the slower of the group's first and last replica."""
     nbytes = mbs * ctx.job.sequence_length * ctx.model.hidden_size * act_bytes(ctx.job.precision)
     S = len(group_placement[0])
     out = [0.0] * S
     for rep in {0, len(group_placement) - 1}:
         devs = group_placement[rep]
         ctx.work.sends += S - 1
+        per = [0.0] * S
         for i in range(S - 1):
             t = ctx.cost_model.network.p2p_time(list(devs[i]), list(devs[i + 1]), nbytes)
-            out[i] = max(out[i], t)
-            out[i + 1] = max(out[i + 1], t)
+            per[i] += t
+            per[i + 1] += t
+        out = [max(a, b) for a, b in zip(out, per)]
     return out
