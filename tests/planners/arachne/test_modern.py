@@ -219,6 +219,17 @@ def test_experts_try_etp_one_and_the_widest_ep():
     assert all(model.num_experts % ep == 0 and 8 % (ep * (etp or 2)) == 0 for ep, etp in layouts)
 
 
+
+def test_experts_also_try_the_next_ep_below_the_widest():
+    """All-to-alls over fewer GPUs for twice the expert memory (made to fit by ZeRO-2 first): fresh hold-out
+    seed97/rob-029, GPT-OSS-120B on 64 H100, Megatron's ep 32 beat the seeds' widest ep 64, which the knobs
+    could not leave."""
+    from arachne.plan import Stage
+
+    model = model_catalog().get("Mixtral-8x7B")
+    st = Stage(layers=(0, 16), devices=tuple(f"g0-0:{i}" for i in range(8)), tp=1, dp=8, ep=8)
+    assert (4, None) in expert_layouts(st, model)
+
 def test_fp8_only_when_allowed_and_every_gpu_has_it():
     model = model_catalog().get("LLaMA-2-7B")
     job = Job(global_batch_size=32, sequence_length=2048)

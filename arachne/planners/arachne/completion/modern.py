@@ -159,7 +159,8 @@ def with_cp(plan: Plan, c: int) -> Plan | None:
 
 def expert_layouts(st: Stage, model: ModelSpec) -> list[tuple[int, int | None]]:
     """``(ep, etp)`` layouts of a MoE stage's experts worth pricing: etp 1 and tp, each with the largest ep
-    the stage allows (``ep * etp`` dividing ``dp * cp * tp``, ``num_experts % ep == 0``), and etp 1 at the
+    the stage allows (``ep * etp`` dividing ``dp * cp * tp``, ``num_experts % ep == 0``) and the next one below
+    it (all-to-alls over fewer GPUs, twice the expert memory: fresh hold-out seed97/rob-029), and etp 1 at the
     current ep. ``etp`` None where the layout is version 1's (etp = tp, cp 1)."""
     n = st.dp_size * st.cp * st.tp
     out: list[tuple[int, int | None]] = []
@@ -167,7 +168,8 @@ def expert_layouts(st: Stage, model: ModelSpec) -> list[tuple[int, int | None]]:
         if model.tp_error(st.tp, etp=etp) is not None:
             continue
         eps = [e for e in range(1, n // etp + 1) if (n // etp) % e == 0 and model.ep_error(e) is None]
-        for ep in sorted({max(eps, default=1), st.ep if (n // etp) % st.ep == 0 else 1}):
+        below = sorted(eps)[-2:-1]
+        for ep in sorted({max(eps, default=1), *below, st.ep if (n // etp) % st.ep == 0 else 1}):
             spelled = None if etp == st.tp and st.cp == 1 and st.dp_size % ep == 0 else etp
             if (ep, spelled) != (st.ep, st.etp):
                 out.append((ep, spelled))
@@ -288,7 +290,9 @@ class Knobs:
                 return st.model_copy(update={"ep": ep, "etp": etp})
 
             cand = map_stages(plan, pick)
-            self.offer(cand)
+            est = self.price(cand)
+            if est is not None and not self.offer(cand, est) and not est.fits:
+                self.make_fit(cand, est)  # fewer GPUs per expert: more expert memory (ZeRO-2 first)
             if not cand.overlap_moe_comm and any(st.ep > 1 for p in cand.pipelines for st in p.stages):
                 # each layout also with its all-to-alls overlapped: the overlap can decide between layouts
                 self.offer(_with_pipelines(cand, cand.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2))
