@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import combinations
 
+from arachne.cost import Estimate
 from arachne.cost.memory import state_bytes_per_param
+from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS
 from arachne.planners.arachne.completion.place import cap_replicas
 from arachne.planners.arachne.context import PlanningContext
@@ -255,3 +257,19 @@ def mixed_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stage
         tpl = Template((Group(slots, reps),))
         return tpl if tpl.fits_counts(ctx.classes) else None
     return None
+
+
+def fastest(found: Sequence[tuple[Plan, Estimate]]) -> float:
+    """The best throughput among priced plans (0 when none)."""
+    return max((e.tokens_per_s for _, e in found), default=0.0)
+
+
+def recompute_share(est: Estimate) -> float:
+    """The share of a priced plan's step spent recomputing activations."""
+    return est.breakdown.get("recompute_s", 0.0) / est.iteration_time_s
+
+
+def unrecomputed(found: Sequence[tuple[Plan, Estimate]]) -> float:
+    """The best throughput among priced plans with their recomputation's time taken off (what a depth that fits
+    without it could reach at best; 0 when none)."""
+    return max((e.tokens_per_s / max(1e-9, 1 - recompute_share(e)) for _, e in found), default=0.0)

@@ -55,6 +55,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     equal_share_subsets,
     equal_share_type,
     equal_share_types,
+    fastest,
     gpu_types,
     gpus_used,
     holds_state,
@@ -62,9 +63,11 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     mixed_template,
     next_depth,
     pools,
+    recompute_share,
     seed_depths,
     share_time,
     tp_order,
+    unrecomputed,
 )
 from arachne.planners.arachne.template import (
     Group,
@@ -486,12 +489,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     break
                 if found:
                     out += found
-                    # a depth of one GPU type that fits only by recomputing: one stage deeper at once (it may fit
-                    # without, and recomputation costs a third of the compute: Megatron's grid over the type runs
-                    # the depth that avoids it; over several types the next tp degree paid more: seed31-rerun/
-                    # rob-016 lost 14%), where that could come near the best so far (a slow type's cost another
-                    # seed's time: seed80/rob-012 lost 7%), the walk below going on from there while it prices
-                    # faster; with cp (long sequences) on any subset (the next subsets' cp groups rarely beat it)
+                    # a depth of one GPU type that fits only by recomputing, and could come near the best without
+                    # it: one stage deeper at once, the walk below going on from there while that prices faster
+                    # (decision 0027); with cp (long sequences) on any subset
                     one_type = len({ctx.classes[i].gpu.name for i in subset}) == 1
                     near = unrecomputed(found) >= ALT_WITHIN * max(ctx.best_tok_s, fastest(out))
                     deeper = next_depth(ctx, subset, tp, S) if (multiple > 1 or one_type and near) and all(
@@ -529,18 +529,6 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     return out
 
 
-def fastest(found: list[Priced]) -> float:
-    """The best throughput among priced plans (0 when none)."""
-    return max((e.tokens_per_s for _, e in found), default=0.0)
-
-
-def unrecomputed(found: list[Priced]) -> float:
-    """The best throughput among priced plans with their recomputation's time taken off (what a depth that fits
-    without it could reach at best; 0 when none)."""
-    return max((e.tokens_per_s / max(1e-9, 1 - e.breakdown.get("recompute_s", 0.0) / e.iteration_time_s)
-                for _, e in found), default=0.0)
-
-
 def seed_share(job, priced: bool = False) -> float:
     """The seeds' share of the planner's target for ``job`` (:data:`SEED_SHARE`, :data:`LONG_SEED_SHARE`;
     ``priced``: the planner ranks by an objective that prices GPUs, :data:`PRICED_SEED_SHARE`)."""
@@ -564,7 +552,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     rules = legality if legality is not None and not legality.free else None
 
     def bound(est: Estimate) -> float:  # what per-stage recomputation could reach at best
-        return score(est) * (1 - est.breakdown.get("recompute_s", 0.0) / est.iteration_time_s)
+        return score(est) * (1 - recompute_share(est))
 
     def ok(plan: Plan) -> bool:
         return rules is None or not rules.errors(plan, cluster)
