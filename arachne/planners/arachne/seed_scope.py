@@ -12,7 +12,15 @@ from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS
 from arachne.planners.arachne.completion.place import cap_replicas
 from arachne.planners.arachne.context import PlanningContext
-from arachne.planners.arachne.template import Group, Slot, Template, ep_options, slot_fits_nodes, tp_fits_node
+from arachne.planners.arachne.template import (
+    Group,
+    Slot,
+    Template,
+    ep_options,
+    slot_fits_nodes,
+    tp_fits_node,
+    tp_options,
+)
 
 EQUAL_SHARE_SUBSETS = 2
 """Class subsets whose GPUs divide the batch evenly, seeded as one data-parallel stage (:func:`equal_share_subsets`)."""
@@ -202,6 +210,33 @@ def next_depth(ctx: PlanningContext, subset: tuple[int, ...], tp: int, first: in
     deeper = range(first + 1, min(ctx.model.num_layers, 2 * first) + 1)
     best = max(deeper, key=lambda S: (gpus_used(ctx, subset, tp, S), -S), default=None)
     return best if best is not None and gpus_used(ctx, subset, tp, best) > 0 else None
+
+
+def incumbent_shape(plan: Plan, types: set[str], tps: set[int]) -> tuple[int, int] | None:
+    """(depth, tp) of the incumbent ``plan`` where it runs on one GPU type (``types``) at one tp (``tps``): its
+    deepest pipeline's stage count; None otherwise."""
+    if len(types) != 1 or len(tps) != 1:
+        return None
+    return max(len(p.stages) for p in plan.pipelines), min(tps)
+
+
+def around_incumbent(ctx: PlanningContext, subset: tuple[int, ...], depth: int, tp: int) -> list[tuple[int, int]]:
+    """(tp, depth) pairs of the framework's grid next to the incumbent's pipelines of ``depth`` stages of ``tp`` GPUs
+    on the GPU type ``subset``: twice and half the tp at its depth, and half its depth at its tp (twice the
+    replicas), each also at its :func:`next_depth` (the one that fills the type) unless that is the incumbent's.
+    Refinement walks from the incumbent one action at a time and on a large cluster can run out of time before a
+    second step; these are two steps away (tp up and the replicas down; an MoE model's lock-step form with its
+    experts narrower), and the shallow-first walk reaches them last (decision 0028). None at the walk's first two
+    depths."""
+    if depth <= seed_depths(ctx.model.num_layers)[1]:
+        return []  # the walk starts there
+    node = min(ctx.classes[i].node_size for i in subset)
+    out: list[tuple[int, int]] = []
+    for t, S in ((2 * tp, depth), (tp // 2, depth), (tp, depth // 2)):
+        if t in tp_options(ctx.model, node) and S > 0 and holds_state(ctx, subset, t, S):
+            deeper = next_depth(ctx, subset, t, S)
+            out += [(t, S)] + ([(t, deeper)] if deeper is not None and (t, deeper) != (tp, depth) else [])
+    return out
 
 
 def tp_order(ctx: PlanningContext, subset: tuple[int, ...], options: Sequence[int], first: set[int] | None,

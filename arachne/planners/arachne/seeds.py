@@ -23,14 +23,13 @@ and the layer splits and placements by ``ctx.work``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from arachne.cost import Estimate
 from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS  # noqa: F401 (re-exported)
 from arachne.planners.arachne.completion.batch import mbs_candidates
 from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize, recomputes
-from arachne.planners.arachne.completion.place import cap_replicas, placements, stage_orders
+from arachne.planners.arachne.completion.place import cap_replicas, placements
 from arachne.planners.arachne.completion.price import ALT_WITHIN, P2P_SHARE, build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
@@ -48,6 +47,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     EQUAL_SHARE_CLASSES,
     EQUAL_SHARE_SUBSETS,
     EQUAL_SHARE_TYPES,
+    around_incumbent,
     batch_shares,
     class_pinned,
     class_subsets,
@@ -59,6 +59,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     gpu_types,
     gpus_used,
     holds_state,
+    incumbent_shape,
     lockstep_dp,
     mixed_template,
     next_depth,
@@ -69,13 +70,16 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     tp_order,
     unrecomputed,
 )
+from arachne.planners.arachne.seed_templates import (  # noqa: F401 (re-exported)
+    MIXED_LOCKSTEP_DEGREES,
+    mixed_lockstep_templates,
+    spanning_lockstep_templates,
+)
 from arachne.planners.arachne.template import (
     Group,
     Slot,
     Template,
     ep_options,
-    slot_fits_nodes,
-    span_classes,
     tp_fits_node,
     tp_options,
 )
@@ -98,8 +102,9 @@ SEED_DEPTHS = 2
 (each :func:`next_depth` of the last) while the deeper depth prices faster."""
 SEED_SIZES = 3
 """Micro-batch sizes per template (:func:`seed_sizes`)."""
-MIXED_LOCKSTEP_DEGREES = 2
-"""Data-parallel degrees of the mixed lock-step pipeline tried per (class subset, tp): the largest that work."""
+AROUND_SHARE = 0.5
+"""Of the seed family's time left after the incumbent's own tp, at most, for the grid next to the incumbent
+(:func:`~.seed_scope.around_incumbent`): it must not starve the walk (decision 0028)."""
 SEED_TOP = 2
 """The fastest seeds given the knobs."""
 SEED_FASTEST = 2
@@ -152,52 +157,6 @@ def lockstep_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, st
     return tpl if groups and tpl.fits_counts(ctx.classes) else None
 
 
-def spanning_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> list[Template]:
-    """Lock-step pipelines whose stages span device classes (``Slot.span``: each stage's tp groups from each class
-    in turn), at the most replicas that divide the batch, where no one class holds as many: (1) as
-    :func:`lockstep_template`, a GPU type over several node sizes as one pipeline over all of them; (2) the
-    type-oblivious form, one pipeline over the classes of ``subset`` largest nodes first (fewer nodes for the
-    experts' all-to-alls and the gradient sync), then fastest, as Megatron's grid runs the GPUs it picks. Fresh
-    hold-out seed87/rob-010 (GPT-OSS-120B, a batch of 96; 108 MI300X in nodes of 8 and 4, 88 H200 in nodes of 8):
-    Megatron's dp 96 at ep 16 over the 56 MI300X and 40 of the H200 in nodes of 8; the lock-step form on one
-    class had dp 48, 0.69x of it. Empty for a dense model (its replicas are pipelines of their own,
-    :func:`uniform_template` pools them)."""
-    if not ctx.model.is_moe:
-        return []
-    gbs, out = ctx.job.global_batch_size, []
-
-    def widest(span: tuple[int, ...], floor: int) -> Slot | None:  # the most replicas over ``span`` beyond ``floor``
-        total = sum(ctx.classes[j].count // tp * tp for j in span)
-        dp = next((d for d in range(total // (stages * tp), floor, -1) if gbs % d == 0), 0)
-        return Slot(span[0], tp, dp=dp, ep=max(ep_options(ctx.model, dp)), span=span) if dp else None
-
-    groups, wider = [], False
-    for first, _ in pools(ctx, subset, tp):
-        span = tuple(j for j in span_classes(ctx.classes[first], tp) if j in subset)
-        one = max((lockstep_dp(ctx, j, tp, stages) for j in span), default=1)
-        slot = widest(span, one) if len(span) > 1 else None
-        if slot is None and one > 1:
-            slot = Slot(next(j for j in span if lockstep_dp(ctx, j, tp, stages) == one), tp, dp=one,
-                        ep=max(ep_options(ctx.model, one)))
-        wider = wider or (slot is not None and bool(slot.span))
-        groups += [Group((slot,) * stages, 1)] if slot is not None else []
-    if wider:
-        out.append(Template(tuple(groups)))
-    prec = ctx.job.precision
-    order = tuple(sorted((i for i in subset if ctx.classes[i].node_size % tp == 0),
-                         key=lambda i: (-ctx.classes[i].node_size, -ctx.classes[i].gpu.peak_flops(prec), i)))
-    one = max((lockstep_dp(ctx, j, tp, stages) for j in order), default=1)
-    slot = widest(order, one) if len({ctx.classes[i].gpu.name for i in order}) > 1 else None
-    if slot is not None:
-        used, left = [], slot.gpus * stages
-        for j in order:  # the classes it reaches
-            if left > 0:
-                used.append(j)
-                left -= ctx.classes[j].count // tp * tp
-        slot = replace(slot, span=tuple(used))
-        if len({ctx.classes[i].gpu.name for i in used}) > 1:
-            out.append(Template((Group((slot,) * stages, 1),)))
-    return [t for t in out if t.fits_counts(ctx.classes)]
 
 
 def lockstep_class(ctx: PlanningContext, kin: list[int], tp: int, stages: int, priced: dict | None = None) -> int:
@@ -222,32 +181,6 @@ def lockstep_class(ctx: PlanningContext, kin: list[int], tp: int, stages: int, p
     return max(kin, key=lambda i: (speed(i), -kin.index(i)))
 
 
-def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int,
-                             count: int = MIXED_LOCKSTEP_DEGREES) -> list[Template]:
-    """An MoE model's Megatron form over every GPU type of ``subset`` at once (what ``megatron-oblivious`` runs):
-    one pipeline whose stages are data parallel over ``d`` replicas of ``tp`` GPUs, each type serving
-    ``GPUs // (tp d)`` consecutive stages on its first class (the fastest types first; after every such form, as
-    :func:`~.completion.place.stage_orders` tries for the search's pipelines, the slowest first: the last stage
-    also runs the output layer, which on the slower type can set the pace), the experts parallel over the largest
-    degree allowed; ``d`` the ``count`` largest that divide the batch, pack into every type's nodes and leave
-    every type at least one stage, at most one stage per layer. Empty for a dense model or one type."""
-    pl = pools(ctx, subset, tp)
-    if not ctx.model.is_moe or len(pl) < 2:
-        return []
-    gbs, L, out = ctx.job.global_batch_size, ctx.model.num_layers, []
-    for d in range(min(n for _, n in pl) // tp, 1, -1):
-        if len(out) == count:
-            break
-        if gbs % d or not all(slot_fits_nodes(tp * d, ctx.classes[first].node_size) for first, _ in pl):
-            continue
-        stages = [(first, n // (tp * d)) for first, n in pl]
-        if sum(k for _, k in stages) > L:
-            break  # smaller degrees only deepen it
-        ep = max(ep_options(ctx.model, d))
-        tpl = Template((Group(tuple(Slot(first, tp, dp=d, ep=ep) for first, k in stages for _ in range(k)), 1),))
-        if tpl.fits_counts(ctx.classes):
-            out.append(tpl)
-    return out + [stage_orders(tpl)[1] for tpl in out]
 
 
 def _placed(t: Template, ctx: PlanningContext, cache: dict) -> list:
@@ -270,13 +203,16 @@ def quick_time(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> fl
     return float("inf")
 
 
-def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict) -> list[int]:
+def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict, smallest: bool = False) -> list[int]:
     """Micro-batch sizes worth pricing: the two largest (the fewest micro-batches: the longest backward to hide
     the gradient reduction behind, as data-parallel plans want; the largest often only with recomputation), then
     the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want). Without data
     parallelism (one pipeline, every stage dp 1) there is no reduction to hide: the fastest by
-    :func:`quick_time` that fit, one fewer."""
+    :func:`quick_time` that fit, one fewer. ``smallest``: the smallest (one sequence per GPU of the
+    widest stage: the most micro-batches, the smallest bubble, as Megatron's grid runs a deep pipeline)."""
     opts = sorted(mbs_candidates(tpl, ctx.job), reverse=True)
+    if smallest:
+        return opts[-1:]
     if not any(s.dp > 1 for g in tpl.groups for s in g.slots) and sum(g.replicas for g in tpl.groups) == 1:
         quick = sorted((quick_time(tpl, ctx, b, cache), -b) for b in opts)
         return [-b for q, b in quick[: SEED_SIZES - 1] if q < float("inf")]
@@ -355,11 +291,14 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
 def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | None = None,
                ok: Callable[[Plan], bool] = lambda _p: True, first: set[str] | None = None,
                tps: set[int] | None = None, multiple: int = 1,
-               convert: Callable[[Plan], Plan | None] | None = None, mixed: bool = False) -> list[Priced]:
+               convert: Callable[[Plan], Plan | None] | None = None, mixed: bool = False,
+               around: tuple[int, int] | None = None) -> list[Priced]:
     """The uniform grid family (module docstring), priced while ``deadline`` lasts: every fitting plan. Per class
     subset (:func:`class_subsets`, ``first`` the GPU types to start from) and tp (``tps`` first, then the rest
     ascending), the shallowest depth of :func:`seed_depths` that fits; then each one :func:`next_depth`, again while
-    the deeper one prices faster.
+    the deeper one prices faster. After the incumbent's own tp (its first subset and tp), ``around`` (the
+    incumbent's (depth, tp) on one type): the grid next to it (:func:`around_incumbent`), each at its smallest
+    micro-batch size.
     ``multiple`` and ``convert``: see :func:`batch_shares` and :func:`complete_seed`; ``mixed``: at each depth
     the type-oblivious pipeline (:func:`mixed_template`) too."""
     L = ctx.model.num_layers
@@ -378,9 +317,12 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             return None
         return complete_all(tpls)
 
-    def complete_all(tpls: list[Template | None], quick: bool = False) -> list[Priced]:
+    def complete_all(tpls: list[Template | None], quick: bool = False, smallest: bool = False,
+                     until: Deadline | None = None) -> list[Priced]:
         """Every template at its batch shares and micro-batch sizes (``quick``: the first share, even when one
-        divides the batch, at the largest size only)."""
+        divides the batch, at the largest size only; ``smallest``: see :func:`seed_sizes`), while ``until`` (or
+        the family's deadline) lasts."""
+        stop = until or deadline
         found: list[Priced] = []
         for tpl in tpls:
             if tpl is None or (legality is not None and not template_ok(tpl, legality)):
@@ -388,11 +330,12 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             cache: dict = {}
             shares = batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]
             for t in shares + [v for t in shares if t is not tpl for v in class_pinned(ctx, t)]:
-                sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else seed_sizes(t, ctx, cache)
+                sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else \
+                    seed_sizes(t, ctx, cache, smallest)
                 for mbs in sizes:
-                    if deadline.expired():
+                    if stop.expired():
                         break
-                    found += complete_seed(t, ctx, mbs, ok, cache, deadline, convert)
+                    found += complete_seed(t, ctx, mbs, ok, cache, stop, convert)
         return found
 
     def same_type(first: int) -> tuple[int, ...]:
@@ -467,6 +410,17 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         out += complete_all([lockstep_template(ctx, best, 1, 1, priced)], quick=True)
         uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
         out += uniform + fewer_replicas(best, uniform) + wider_tp(best, uniform)
+    def around_pass() -> list[Priced]:
+        """The grid next to a one-type incumbent (``around``), within :data:`AROUND_SHARE` of the time left (an MoE
+        model's in its lock-step form, its experts parallel)."""
+        if around is None or multiple > 1:
+            return []
+        home, share = class_subsets(ctx, first)[0], deadline.child(deadline.remaining * AROUND_SHARE)
+        return [r for tp, S in around_incumbent(ctx, home, *around) for r in complete_all(
+            [lockstep_template(ctx, home, tp, S, priced) or uniform_template(ctx, home, tp, S)], smallest=True,
+            until=share)]
+
+    pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         # a GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
         # classes whose nodes hold tp), as Megatron's grid runs the type's largest uniform part; several types:
@@ -507,6 +461,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     if all(sharded(p) for p, _ in found):
                         out += unsharded(subset, tp, S)
                     break
+            out, pending = out + (around_pass() if pending else []), False
+    out += around_pass() if pending else []
     # class subsets whose GPUs share the batch evenly, as one data-parallel stage
     for subset in equal_share_subsets(ctx, class_subsets(ctx, first)) if multiple == 1 else ():
         if deadline.expired():
@@ -564,7 +520,8 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
         seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.2), rules, ok, types, tps)
         seeds += cp_seed_plans(ctx, deadline.child(deadline.remaining * 0.5 / 0.8), rules, ok, types, tps)
     else:
-        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps)
+        around = incumbent_shape(lead[0], types, tps) if lead is not None else None
+        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps, around=around)
     seeds.sort(key=lambda r: bound(r[1]))
     distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
     for r in seeds:

@@ -642,8 +642,8 @@ def _depths_in_order(ctx, monkeypatch) -> list[tuple[frozenset, int, int, bool]]
 
 def test_a_depth_that_fits_only_by_recomputing_is_followed_at_once_by_the_next(monkeypatch):
     """On one GPU type, a tp whose shallowest fitting depth fits only with recomputation, and could come near the
-    fastest seed so far without it, gets its next depth priced at once, before the next tp degree (the walk deeper came only after every subset and tp, and on large clusters
-    the seeds' share ran out first: odd113-rerun/rob-009, LLaMA-3-70B on 272 H800, tp 2 fitted 3 stages only by
+    fastest seed so far without it, gets its next depth priced at once, before the next tp degree (the walk deeper
+    came only after every subset and tp, and on large clusters the seeds' share ran out first: odd113-rerun/rob-009, LLaMA-3-70B on 272 H800, tp 2 fitted 3 stages only by
     recomputing, Megatron's 4 stages without it were 7% faster than arachne's plan)."""
     depths = _depths_in_order(ctx_for([("H800-SXM5-80GB", 8, 8, 50.0)], model="LLaMA-3-70B", gbs=64, seq=2048),
                               monkeypatch)
@@ -670,3 +670,44 @@ def test_over_several_gpu_types_a_depth_that_recomputes_waits_for_the_walk(monke
             checked += 1
         seen.add((types, tp))
     assert checked
+
+
+def test_the_grid_next_to_the_incumbent_doubles_and_halves_its_tp_and_halves_its_depth():
+    """On one GPU type, the incumbent's pipelines of S stages of tp t are next to t x 2 and t / 2 at S stages and
+    t at S / 2 (twice the replicas), each also at its next depth; a layout whose weights cannot fit is left out, and
+    so is a pipeline of the walk's first two depths."""
+    ctx = ctx_for([("H100-SXM5-80GB", 32, 8, 6.25)], model="OPT-30", gbs=256)
+    pairs = seeds.around_incumbent(ctx, (0,), 16, 4)
+    assert [p for p in pairs if p[1] in (16, 8)] == [(8, 16), (2, 16), (4, 8)]
+    for tp, S in ((8, 16), (2, 16)):  # each followed by the next depth, which fills the type
+        deeper = pairs[pairs.index((tp, S)) + 1]
+        assert deeper == (tp, seeds.next_depth(ctx, (0,), tp, S)) and deeper[1] > S
+    assert pairs[-1] == (4, 8) and seeds.next_depth(ctx, (0,), 4, 8) == 16  # (the incumbent's own: not again)
+    near = seeds.around_incumbent(ctx, (0,), 3, 1)
+    assert (2, 3) in near and not any(S == 1 for _, S in near)  # 30B on one GPU per replica: no
+    assert seeds.around_incumbent(ctx, (0,), 2, 4) == []  # the walk's first depths: the walk's own
+    assert seeds.incumbent_shape(None, {"A", "B"}, {4}) is None  # several types (or tps): no shape
+
+
+def test_the_seed_pass_prices_the_grid_next_to_a_one_type_incumbent_after_its_own_tp(monkeypatch):
+    """The grid next to the search's plan comes right after the incumbent's own tp at its shallowest depths (the
+    walk's first look, which odd113-rerun/rob-009 needs) and before the other tps: odd110-rerun/rob-020 (OPT-30 on 256
+    H100 of 506 GPUs; the search's 4 pipelines of 16 stages of tp 4) ran out of the seeds' time at depths 1-3,
+    where Megatron's 2 of 16 stages of tp 8 were 6% faster; seed94/rob-029, seed3-rerun/rob-010 the same."""
+    ctx = ctx_for([("H100-SXM5-80GB", 32, 8, 6.25)], model="OPT-30", gbs=256)
+    incumbent = seeds.complete_seed(seeds.uniform_template(ctx, (0,), 4, 16), ctx, 2, lambda _p: True)
+    assert incumbent
+    shapes: list[tuple[int, int]] = []
+    complete = seeds.complete_seed
+
+    def logged(tpl, ctx_, mbs, *a, **k):
+        shapes.append((tpl.groups[0].slots[0].tp, len(tpl.groups[0].slots)))
+        return complete(tpl, ctx_, mbs, *a, **k)
+
+    monkeypatch.setattr(seeds, "complete_seed", logged)
+    work = WorkClock(ctx.work, ctx.cost_model)
+    seeds.seed_pass(ctx, None, work, 0.8, None, lambda e: e.iteration_time_s, found=incumbent[:1], seconds=2.0)
+    seen, pairs = list(dict.fromkeys(shapes)), seeds.around_incumbent(ctx, (0,), 16, 4)
+    i = seen.index(pairs[0])
+    assert seen[i:i + len(pairs)] == pairs  # together, in order
+    assert i and all(tp == 4 for tp, _ in seen[:i])  # after the incumbent's own tp's shallowest depths only
