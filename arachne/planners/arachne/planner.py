@@ -44,13 +44,18 @@ from arachne.spec.model import ModelSpec
 from arachne.spec.runtimes import Legality
 
 WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
+FINAL_POLISH_SHARE = 0.03  # of the target, at most, for the winner's stage boundaries after the knobs
+
+
+def _contiguous(plan) -> bool:
+    """Every stage of ``plan`` holds one contiguous layer range (what polishing moves; no interleaving)."""
+    return all(isinstance(s.layers[0], int) for p in plan.pipelines for s in p.stages)
 
 
 def _plain_split(plan) -> bool:
     """A plan of the search (version 1, with sequence parallelism where tp > 1) whose stages each hold one
     contiguous layer range (what polishing moves)."""
-    return not uses_v2(plan, sequence_parallel=False) and all(isinstance(s.layers[0], int)
-                                                               for p in plan.pipelines for s in p.stages)
+    return not uses_v2(plan, sequence_parallel=False) and _contiguous(plan)
 
 
 def _post_share(job: Job, priced: bool = False) -> float:
@@ -327,6 +332,11 @@ class ArachnePlanner:
         if o.ablation.modern_knobs:
             polished += early or post(whole, polished)
             mark("knobs")
+        if self._polishes:  # the winner's stage boundaries once more, as it now runs (decision 0029)
+            clock = work if o.target.clock == "work" else time.perf_counter
+            polished += self._polish_final(pricer.results() + polished, cost_model,
+                                           Deadline(FINAL_POLISH_SHARE * whole, clock, guard))
+            mark("final")
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]
@@ -363,6 +373,19 @@ class ArachnePlanner:
             if better[0] is not plan:
                 polished = polished + [better]
         return polished
+
+    def _polish_final(self, results: list, cost_model: CostModel, until: Deadline) -> list:
+        """The best plan by the planner's score with its stage boundaries moved while ``until`` lasts (the layer
+        splits balance compute; with the gradient reduction overlapped, the stage whose backward ends last
+        also sets the exposed reduction, which a smaller first stage shrinks), keeping the runtime's rules:
+        the polished plan, if faster."""
+        best = min(results, key=lambda r: self._score(r[1]), default=None)
+        if best is None or not _contiguous(best[0]) or all(len(p.stages) < 2 for p in best[0].pipelines):
+            return []
+        rules, cluster = self.legality, cost_model.cluster
+        better = polish_splits(*best, cost_model, deadline=until,
+                               ok=None if rules is None else lambda p: not rules.errors(p, cluster))
+        return [better] if better[0] is not best[0] else []
 
     def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline,
                 lead: list[State], unscreened: list[State] = ()) -> None:

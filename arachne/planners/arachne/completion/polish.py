@@ -3,8 +3,10 @@ faster."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from arachne.cost import CostModel, Estimate
-from arachne.plan import Pipeline, Plan
+from arachne.plan import Pipeline, Plan, Stage
 
 
 def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):
@@ -34,7 +36,7 @@ def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):
             p = plan.pipelines[i]
             pipes[i] = Pipeline.model_construct(  # valid parts: the counts are kept, the layers checked above
                 micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
-                stages=tuple(s.model_copy(update={"layers": (a, b)}) for s, a, b in zip(p.stages, edges, edges[1:])))
+                stages=tuple(_resized(s, a, b) for s, a, b in zip(p.stages, edges, edges[1:])))
         return plan.model_copy(update={"pipelines": tuple(pipes)})
 
     made, seen = 0, []
@@ -61,10 +63,18 @@ def split_neighbours(plan: Plan, radius: int, limit: int, gpu_of=None):
                 yield cand
 
 
+def _resized(s: Stage, a: int, b: int) -> Stage:
+    """Stage ``s`` holding blocks ``a`` to ``b``; its first-k recomputation (formats v2) kept where k is still
+    fewer than its blocks, else every block (the same memory bound or less)."""
+    k = s.recompute_layers
+    return s.model_copy(update={"layers": (a, b), "recompute_layers": k if k is None or k < b - a else None})
+
+
 def polish_splits(plan: Plan, est: Estimate, cost_model: CostModel, radius: int = 1, limit: int = 80,
-                  deadline=None) -> tuple[Plan, Estimate]:
+                  deadline=None, ok: Callable[[Plan], bool] | None = None) -> tuple[Plan, Estimate]:
     """Greedy priced moves of stage boundaries (the rule split balances modelled stage time; the
-    full estimate also sees transfers and the schedule)."""
+    full estimate also sees transfers and the schedule); ``ok``: a move's plan must pass it (a runtime's
+    rules)."""
     best = (plan, est)
     improved = True
     while improved:
@@ -72,6 +82,8 @@ def polish_splits(plan: Plan, est: Estimate, cost_model: CostModel, radius: int 
         for cand in split_neighbours(best[0], radius, limit, lambda d: cost_model.cluster.devices[d].gpu.name):
             if deadline is not None and deadline.expired():
                 return best
+            if ok is not None and not ok(cand):
+                continue
             e = cost_model.estimate(cand, validate=False)
             if e.fits and e.iteration_time_s < best[1].iteration_time_s * (1 - 1e-6):
                 best, improved = (cand, e), True
