@@ -298,7 +298,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     ascending), the shallowest depth of :func:`seed_depths` that fits; then each one :func:`next_depth`, again while
     the deeper one prices faster. After the incumbent's own tp (its first subset and tp), ``around`` (the
     incumbent's (depth, tp) on one type): the grid next to it (:func:`around_incumbent`), each at its smallest
-    micro-batch size.
+    micro-batch size, and the class subsets whose GPUs share the batch evenly (:func:`equal_share_subsets`).
     ``multiple`` and ``convert``: see :func:`batch_shares` and :func:`complete_seed`; ``mixed``: at each depth
     the type-oblivious pipeline (:func:`mixed_template`) too."""
     L = ctx.model.num_layers
@@ -420,6 +420,16 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             [lockstep_template(ctx, home, tp, S, priced) or uniform_template(ctx, home, tp, S)], smallest=True,
             until=share)]
 
+    def equal_pass() -> list[Priced]:
+        """Class subsets whose GPUs share the batch evenly, as one data-parallel stage (decision 0030)."""
+        found: list[Priced] = []
+        for subset in equal_share_subsets(ctx, class_subsets(ctx, first)) if multiple == 1 else ():
+            if deadline.expired():
+                break
+            if holds_state(ctx, subset, 1, 1):
+                found += at_depth(subset, 1, 1) or []
+        return found
+
     pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         # a GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
@@ -461,14 +471,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     if all(sharded(p) for p, _ in found):
                         out += unsharded(subset, tp, S)
                     break
-            out, pending = out + (around_pass() if pending else []), False
-    out += around_pass() if pending else []
-    # class subsets whose GPUs share the batch evenly, as one data-parallel stage
-    for subset in equal_share_subsets(ctx, class_subsets(ctx, first)) if multiple == 1 else ():
-        if deadline.expired():
-            break
-        if holds_state(ctx, subset, 1, 1):
-            out += at_depth(subset, 1, 1) or []
+            out, pending = out + (around_pass() + equal_pass() if pending else []), False
+    out += around_pass() + equal_pass() if pending else []
     # then one depth deeper each, and again (breadth first) while the deeper one prices faster (the shallowest
     # counts as faster than nothing)
     walk = shallowest if SEED_DEPTHS > 1 else []
