@@ -58,14 +58,27 @@ class SlotProfile:
     mem_first_act: float
     mem_last: float
     capacity: float
+    fwd_prefix: list[float] | None = None  # the forward's part of ``time_prefix`` (None: a third of it)
+    emb_fwd: float = 0.0
+    head_fwd: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("time_prefix", "mem_param_prefix", "mem_act_prefix"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=float).tolist())
+        if self.fwd_prefix is None:
+            self.fwd_prefix = [t / 3 for t in self.time_prefix]
+            self.emb_fwd, self.head_fwd = self.emb / 3, self.head / 3
+        else:
+            self.fwd_prefix = np.asarray(self.fwd_prefix, dtype=float).tolist()
 
     def time(self, a: int, z: int, first: bool, last: bool) -> float:
         t = self.time_prefix[z] - self.time_prefix[a]
         return t + (self.emb if first else 0.0) + (self.head if last else 0.0)
+
+    def fwd(self, a: int, z: int, first: bool, last: bool) -> float:
+        """The forward's part of :meth:`time`."""
+        t = self.fwd_prefix[z] - self.fwd_prefix[a]
+        return t + (self.emb_fwd if first else 0.0) + (self.head_fwd if last else 0.0)
 
     def memory(self, a: int, z: int, first: bool, last: bool, in_flight: int) -> float:
         m = self.mem_fixed + (self.mem_param_prefix[z] - self.mem_param_prefix[a])
@@ -92,6 +105,7 @@ class PlanningContext:
     even_split_notes: int = 0  # plans priced only to explain a failure (a few are enough)
     work: Work = field(default_factory=Work)  # work requested so far (a work-bounded planner's clock)
     balance_sends: bool = True  # a second layer split that also balances blocking sends (slow links)
+    trim_last: bool = True  # with few micro-batches per stage, layers moved off the last stage (the 1F1B timeline)
     node_parts: bool = True  # classes of odd-sized nodes by power-of-two parts (see template.node_parts)
     best_tok_s: float = 0.0  # the fastest fitting plan priced so far
     group_sizes: bool = True  # a group of pipelines may take its own micro-batch size (priced from the best)
@@ -157,16 +171,19 @@ class PlanningContext:
         seq, prec = job.sequence_length, job.precision
         lc = cm.layer_costs(m, gpu, prec, seq, b, tp, ep)
         L = m.num_layers
-        per = np.diff(lc.fwd_cum) + np.diff(lc.bwd_cum)
+        fwd = np.diff(lc.fwd_cum)
+        per = fwd + np.diff(lc.bwd_cum)
         if recompute:
-            per = per + np.diff(lc.fwd_cum)
+            per = per + fwd
         if tp > 1 and not lc.includes_tp_comm:
-            tpc = cm.tp_block_time(gpu, tp, b * seq * m.hidden_size * act_bytes(prec)) * (3 if recompute else 2)
-            per = per + tpc
+            tpc = cm.tp_block_time(gpu, tp, b * seq * m.hidden_size * act_bytes(prec))
+            per = per + tpc * (3 if recompute else 2)
+            fwd = fwd + tpc
         if ep > 1:
             nbytes = b * seq * m.experts_top_k * m.hidden_size * act_bytes(prec) / tp
             a2a = 4 * (2 * (ep - 1) / ep * nbytes / gpu.collective_bandwidth)
-            per = per + np.array([a2a if m.moe_layers[i] else 0.0 for i in range(L)])
+            moe = np.array([a2a if m.moe_layers[i] else 0.0 for i in range(L)])
+            per, fwd = per + moe, fwd + moe / 2
         tprefix = np.concatenate([[0.0], np.cumsum(per)])
         # memory: linear in layers; measure the pieces with the cost model's own function
         S = max(2, num_stages)
@@ -191,6 +208,7 @@ class PlanningContext:
                                **{**kw, "num_stages": num_stages}).total
         prof = SlotProfile(tprefix, lc.emb_fwd + lc.emb_bwd, lc.head_fwd + lc.head_bwd, fixed0 + recompute_peak,
                            np.concatenate([[0.0], np.cumsum(p_inc)]), np.concatenate([[0.0], np.cumsum(a_inc)]),
-                           f0 - fixed0, f1 - f0, last - fixed0, gpu.memory_bytes * self.memory_headroom)
+                           f0 - fixed0, f1 - f0, last - fixed0, gpu.memory_bytes * self.memory_headroom,
+                           np.concatenate([[0.0], np.cumsum(fwd)]), lc.emb_fwd, lc.head_fwd)
         self._profiles[key] = prof
         return prof

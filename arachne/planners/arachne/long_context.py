@@ -45,7 +45,8 @@ def proxy_context(ctx: PlanningContext, c: int) -> PlanningContext | None:
     proxy = job.model_copy(update={"sequence_length": job.sequence_length // c,
                                    "global_batch_size": job.global_batch_size * c})
     return PlanningContext(ctx.cluster, ctx.model, proxy, ctx.cost_model, classes=ctx.classes, work=ctx.work,
-                           node_parts=ctx.node_parts, balance_sends=ctx.balance_sends, sequence_parallel=True)
+                           node_parts=ctx.node_parts, balance_sends=ctx.balance_sends, trim_last=ctx.trim_last,
+                           sequence_parallel=True)
 
 
 def _shape(p: Pipeline) -> tuple:

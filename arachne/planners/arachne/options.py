@@ -83,6 +83,9 @@ class CompletionOptions:
 
     balance_sends: bool = True
     """A second layer split that also balances blocking sends (slow links)."""
+    trim_last: bool = True
+    """With fewer micro-batches than twice the stages, layers moved off the last stage while the 1F1B timeline
+    of the stage times gets shorter (``split.trim_last_stage``)."""
     group_sizes: bool = True
     """A group of pipelines may take its own micro-batch size."""
     group_within: float = GROUP_WITHIN

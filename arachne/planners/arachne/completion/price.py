@@ -20,7 +20,7 @@ from arachne.planners.arachne.completion.place import (
     placements,
     stage_orders,
 )
-from arachne.planners.arachne.completion.split import split_layers, stage_sends
+from arachne.planners.arachne.completion.split import split_layers, stage_sends, trim_last_stage
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.template import (
     Group,
@@ -32,6 +32,7 @@ from arachne.spec.model import model_ref
 SEND_SHARE = 0.05  # blocking sends below this share of an even stage's compute leave the layer split alone
 P2P_SHARE = 0.05  # ... and so do sends below this share of the priced step (the most rebalancing could gain)
 ALT_WITHIN = 0.8  # ... and templates priced below this share of the fastest plan so far
+TRIM_WITHIN = 0.95  # the split trimmed by the 1F1B timeline is priced for templates within this share of the best
 
 
 def complete(template: Template, ctx: PlanningContext, mbs: int, recompute: bool = False,
@@ -56,11 +57,12 @@ def complete_with_time(template: Template, ctx: PlanningContext, mbs: int, recom
 
 
 def split_and_share(template: Template, ctx: PlanningContext, mbs: int | tuple[int, ...], recompute: bool,
-                    placement, sends: bool = False) -> tuple[list, list[int], float] | None:
+                    placement, sends: bool = False, trim: bool = False) -> tuple[list, list[int], float] | None:
     """The rule part of completion: per group the layer split, per pipeline its micro-batches, and the
     completion's own time model (None if it cannot complete). ``mbs``: the micro-batch size, or one per
     group. ``placement`` explains a memory failure and, with ``sends``, gives each stage's blocking send
-    time for the split to balance (None when no group's sends matter: the plain split is the answer)."""
+    time for the split to balance (None when no group's sends matter: the plain split is the answer).
+    ``trim``: each split trimmed by the 1F1B timeline (:func:`trim_last_stage`; None when none changes)."""
     job, L = ctx.job, ctx.model.num_layers
     gbs = job.global_batch_size
     sizes = group_sizes(template, mbs)
@@ -87,21 +89,28 @@ def split_and_share(template: Template, ctx: PlanningContext, mbs: int | tuple[i
         if not any(group_sends):
             return None
     splits, periods, fills, pipe_sizes = [], [], [], []
+    trimmed = False
     for gi, (g, profs) in enumerate(zip(template.groups, profiles)):
         S = g.num_stages
-        r = split_layers(profs, L, max(1, gbs // (n_pipes * sizes[gi])), ctx.work, group_sends[gi])
+        m = max(1, gbs // (n_pipes * sizes[gi]))
+        r = split_layers(profs, L, m, ctx.work, group_sends[gi])
         if r is None:
             if uniform and not ctx.found_fit and ctx.even_split_notes < 8 and (
                     ctx.closest_unfit is None or ctx.closest_unfit[0] > 1):
                 ctx.even_split_notes += 1
                 _note_even_split(template, ctx, sizes[0], recompute, placement)
             return None
-        split, _ = r
+        split = r[0]
+        if trim:
+            split = trim_last_stage(profs, split, m, ctx.work, group_sends[gi])
+            trimmed = trimmed or split != r[0]
         times = [p.time(a, z, i == 0, i == S - 1) for i, (p, (a, z)) in enumerate(zip(profs, split))]
         splits.append(split)
         periods.extend([max(times)] * g.replicas)
         fills.extend([sum(times)] * g.replicas)
         pipe_sizes.extend([sizes[gi]] * g.replicas)
+    if trim and not trimmed:
+        return None
     counts = share_micro_batches(periods, fills, M) if uniform else share_samples(periods, fills, pipe_sizes, gbs)
     if counts is None:
         return None
@@ -181,7 +190,8 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
         r = _price_variant(variant, ctx, mbs_options, 1 if screen else max_priced, alt_splits=not screen)
         if r is not None and (best is None or r[1].iteration_time_s < best[1].iteration_time_s):
             best = r
-    if best is not None and heads and not screen and head_bound(best[1]):
+    if best is not None and heads and not screen and (head_bound(best[1]) or (
+            best[1].tokens_per_s >= HEAD_WITHIN * ctx.best_tok_s and head_bound(best[1], even_share=True))):
         wide = wide_head(template, ctx)
         r = price_template(wide, ctx, mbs_options, max_priced, heads=False) if wide is not None else None
         if r is not None and r[1].iteration_time_s < best[1].iteration_time_s:
@@ -192,19 +202,27 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
 
 
 HEAD_BOUND = 1.25  # a one-layer last stage this much slower than its pipeline's other stages is worth widening
+HEAD_WITHIN = 0.9  # ... judged against their mean only on templates within this share of the best so far
 
 
-def head_bound(est: Estimate) -> bool:
+def head_bound(est: Estimate, even_share: bool = False) -> bool:
     """Whether some pipeline's last stage holds one layer and is ``HEAD_BOUND`` times slower than any other
-    stage of it: the head (a large vocabulary's projection) sets the pace, and no split can move it."""
+    stage of it: the head (a large vocabulary's projection) sets the pace, and no split can move it. With
+    ``even_share``, the slowest stage and that much slower than the other stages' mean: the split's greedy fill
+    loads the earlier stages up to the head's bound, so the slowest of them can be near it while most hold far
+    less."""
     last: dict[int, StageEstimate] = {}
-    others: dict[int, float] = {}
+    others: dict[int, list[float]] = {}
     for st in est.stages:
         if st.pipeline in last:
-            others[st.pipeline] = max(others.get(st.pipeline, 0.0), last[st.pipeline].compute_s)
+            others.setdefault(st.pipeline, []).append(last[st.pipeline].compute_s)
         last[st.pipeline] = st
-    return any(st.layers[1] - st.layers[0] == 1 and st.stage >= 2 and st.compute_s >= HEAD_BOUND * others[pi]
-               for pi, st in last.items())
+    def paces(st: StageEstimate, rest: list[float]) -> bool:
+        if even_share:  # the slowest stage, and well above the even share
+            return st.compute_s >= max(rest) and st.compute_s >= HEAD_BOUND * sum(rest) / len(rest)
+        return st.compute_s >= HEAD_BOUND * max(rest)
+
+    return any(st.layers[1] - st.layers[0] == 1 and st.stage >= 2 and paces(st, others[pi]) for pi, st in last.items())
 
 
 def wide_head(template: Template, ctx: PlanningContext) -> Template | None:
@@ -269,6 +287,16 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
                 # blocking sends take a real share of the step: the split that balances them too is priced
                 alt = split_and_share(t, ctx, mbs, recompute, layouts[0], sends=True)
                 if alt is not None and alt[0] != splits:
+                    for cand in (build_plan(t, ctx, mbs, recompute, lay, alt[0], alt[1]) for lay in layouts):
+                        est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
+                        if est is not None and est.fits and est.iteration_time_s < best_time(best):
+                            best = (cand, est)
+                            ctx.found_fit = True
+            if alt_splits and ctx.trim_last and best is not None and \
+                    best[1].tokens_per_s >= TRIM_WITHIN * ctx.best_tok_s:
+                # few micro-batches per stage: the split with the last stage trimmed by the 1F1B timeline
+                alt = split_and_share(t, ctx, mbs, recompute, layouts[0], trim=True)
+                if alt is not None:
                     for cand in (build_plan(t, ctx, mbs, recompute, lay, alt[0], alt[1]) for lay in layouts):
                         est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
                         if est is not None and est.fits and est.iteration_time_s < best_time(best):

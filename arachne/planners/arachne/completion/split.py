@@ -4,6 +4,7 @@ bottleneck time with a greedy fill over per-layer prefix sums), optionally also 
 from __future__ import annotations
 
 from arachne.cost.compute import act_bytes
+from arachne.cost.schedule import simulate
 from arachne.planners.arachne.context import PlanningContext, SlotProfile
 from arachne.planners.arachne.work_clock import Work
 
@@ -84,6 +85,70 @@ def split_layers(profiles: list[SlotProfile], L: int, m: int, work: Work | None 
         return best, slowest(best)
     _, best = _bisect(lambda c: fill(slack, c), compute(best), best, compute, lambda: change[1])
     return best, slowest(best)
+
+
+FEW_MICRO_BATCHES = 2.0
+"""A split is trimmed by the 1F1B timeline (:func:`trim_last_stage`) when its pipeline runs fewer micro-batches
+than this many times its stages: the schedule is then mostly warm-up and cool-down."""
+TRIM_ROUNDS = 3  # layers the trim may take off the last stage, one per round
+TRIM_GAIN = 0.01  # ... kept only where the timeline shortens by this share (each trimmed split costs an estimate)
+
+
+def trim_last_stage(profiles: list[SlotProfile], split: list[tuple[int, int]], m: int, work: Work | None = None,
+                    sends: list[float] | None = None) -> list[tuple[int, int]]:
+    """The split with a layer moved off the last stage, when that stage is the slowest, onto an earlier one
+    (every boundary from that stage on one layer later) while the 1F1B timeline of the stage times gets
+    shorter, round by round (at least :data:`TRIM_GAIN` in all, else the split as it is), each stage within
+    its memory. The rule split minimises the slowest stage, and at that bound its greedy fill loads the early
+    stages fully and leaves the last at the bound; but with few micro-batches per stage the last stage paces
+    the schedule (it runs each micro-batch's forward and backward back to back) while an early stage's excess
+    hides in its warm-up. Judged by the cost model's own schedule (:func:`arachne.cost.schedule.simulate`) on
+    the stages' forward and backward times and, with ``sends``, their blocking sends; ``work`` tallies the
+    stage x micro-batch cells simulated."""
+    S, L = len(profiles), split[-1][1]
+    if S < 3 or m >= FEW_MICRO_BATCHES * S:
+        return split
+    x = sends if sends is not None else [0.0] * S
+    times = [p.time(a, z, i == 0, i == S - 1) + x[i] for i, (p, (a, z)) in enumerate(zip(profiles, split))]
+    if times[-1] < max(times[:-1]) * (1 - 1e-6):  # a last stage under the bound paces no more than the others
+        return split
+    s_fwd = tuple(0.0 if s == S - 1 else (x[s] if s == 0 else x[s] / 2) for s in range(S))
+    s_bwd = tuple(0.0 if s == 0 else (x[s] if s == S - 1 else x[s] / 2) for s in range(S))
+    inflight = [min(S - s, m) for s in range(S)]
+
+    def span(sp: list[tuple[int, int]]) -> float:
+        if work is not None:
+            work.split_cells += S * m
+        f, b = [], []
+        for i, (p, (a, z)) in enumerate(zip(profiles, sp)):
+            fi = p.fwd(a, z, i == 0, i == S - 1)
+            f.append(fi)
+            b.append(p.time(a, z, i == 0, i == S - 1) - fi)
+        return simulate(tuple(f), tuple(b), s_fwd, s_bwd, m)
+
+    def fits(sp: list[tuple[int, int]], frm: int) -> bool:
+        return all(profiles[s].memory(a, z, s == 0, s == S - 1, inflight[s]) <= profiles[s].capacity
+                   for s, (a, z) in enumerate(sp) if s >= frm)
+
+    best, best_t = split, span(split)
+    first_t = best_t
+    for _ in range(TRIM_ROUNDS):
+        a_last, _z = best[-1]
+        if L - a_last < 2:
+            break
+        found = None
+        for i in range(S - 2, -1, -1):
+            cand = best[:i] + [(best[i][0], best[i][1] + 1)] + [(a + 1, z + 1) for a, z in best[i + 1:-1]] + \
+                [(a_last + 1, L)]
+            if not fits(cand, i):
+                continue
+            t = span(cand)
+            if t < (found[0] if found else best_t) * (1 - 1e-6):
+                found = (t, cand)
+        if found is None:
+            break
+        best_t, best = found
+    return best if best_t < (1 - TRIM_GAIN) * first_t else split
 
 
 def _largest_fit(p: SlotProfile, a: int, lo: int, hi: int, first: bool, in_flight: int, cap: float) -> int | None:
