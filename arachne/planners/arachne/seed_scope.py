@@ -55,6 +55,19 @@ def class_subsets(ctx: PlanningContext, first: set[str] | None = None) -> list[t
     return list(dict.fromkeys([lead] + out)) if lead else out
 
 
+def uniform_nodes(ctx: PlanningContext) -> tuple[tuple[int, ...], int] | None:
+    """The classes on the node size that holds the most GPUs (ties: the larger size), and that size, when they are
+    of several GPU types: the largest uniform sub-cluster, over which ``megatron-oblivious`` runs its grid as if
+    its GPUs were of one type (docs/baselines.md, H-b); None when one type has them all."""
+    nodes: dict[int, set[str]] = {}
+    for c in ctx.classes:
+        for name in c.nodes:
+            nodes.setdefault(ctx.cluster.node_by_name[name].num_gpus, set()).add(name)
+    size = max(nodes, key=lambda k: (k * len(nodes[k]), k))
+    sub = tuple(c.index for c in ctx.classes if all(ctx.cluster.node_by_name[n].num_gpus == size for n in c.nodes))
+    return (sub, size) if len({ctx.classes[i].gpu.name for i in sub}) > 1 else None
+
+
 def equal_share_subsets(ctx: PlanningContext, known: list[tuple[int, ...]],
                         count: int = EQUAL_SHARE_SUBSETS) -> list[tuple[int, ...]]:
     """Class subsets whose GPUs divide the batch, so that one data-parallel stage over them gives every GPU the

@@ -68,6 +68,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     seed_depths,
     share_time,
     tp_order,
+    uniform_nodes,
     unrecomputed,
 )
 from arachne.planners.arachne.seed_templates import (  # noqa: F401 (re-exported)
@@ -102,6 +103,8 @@ SEED_DEPTHS = 2
 (each :func:`next_depth` of the last) while the deeper depth prices faster."""
 SEED_SIZES = 3
 """Micro-batch sizes per template (:func:`seed_sizes`)."""
+NODES_TPS = 2
+"""The tp degrees the largest uniform sub-cluster is seeded at (:func:`uniform_nodes`, ``seed_plans``' nodes pass)."""
 AROUND_SHARE = 0.5
 """Of the seed family's time left after the incumbent's own tp, at most, for the grid next to the incumbent
 (:func:`~.seed_scope.around_incumbent`): it must not starve the walk (decision 0028)."""
@@ -304,7 +307,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     L = ctx.model.num_layers
     out: list[Priced] = []
 
-    def at_depth(subset: tuple[int, ...], tp: int, S: int) -> list[Priced] | None:
+    def at_depth(subset: tuple[int, ...], tp: int, S: int, until: Deadline | None = None,
+                 smallest: bool = False) -> list[Priced] | None:
         # (the uniform template's merged form is priced too: over a type's node sizes its dp is the larger one)
         lock = lockstep_template(ctx, subset, tp, S, priced)
         tpls = [lock, uniform_template(ctx, subset, tp, S)]
@@ -315,7 +319,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         tpls += [mixed_template(ctx, subset, tp, S)] if mixed else []
         if all(t is None for t in tpls):
             return None
-        return complete_all(tpls)
+        return complete_all(tpls, smallest=smallest, until=until)
 
     def complete_all(tpls: list[Template | None], quick: bool = False, smallest: bool = False,
                      until: Deadline | None = None) -> list[Priced]:
@@ -430,6 +434,26 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 found += at_depth(subset, 1, 1) or []
         return found
 
+    def nodes_pass() -> list[Priced]:
+        """The largest uniform sub-cluster over several types (:func:`uniform_nodes`), at the first two tp degrees
+        of :func:`tp_order` (the incumbent's first), each at its shallowest depth that fits, within
+        :data:`AROUND_SHARE` of the time left (decision 0032)."""
+        got = uniform_nodes(ctx) if multiple == 1 else None
+        if got is None or got[0] in class_subsets(ctx, first):
+            return []
+        (sub, size), share = got, deadline.child(deadline.remaining * AROUND_SHARE)
+        found: list[Priced] = []
+        for tp in tp_order(ctx, sub, tp_options(ctx.model, size), tps)[:NODES_TPS]:
+            for S in seed_depths(L):
+                if S > L or share.expired():
+                    break
+                if holds_state(ctx, sub, tp, S):
+                    more = at_depth(sub, tp, S, share, smallest=True)
+                    if more is None or more:
+                        found += more or []
+                        break
+        return found
+
     pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         # a GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
@@ -471,8 +495,8 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     if all(sharded(p) for p, _ in found):
                         out += unsharded(subset, tp, S)
                     break
-            out, pending = out + (around_pass() + equal_pass() if pending else []), False
-    out += around_pass() + equal_pass() if pending else []
+            out, pending = out + (nodes_pass() + around_pass() + equal_pass() if pending else []), False
+    out += nodes_pass() + around_pass() + equal_pass() if pending else []
     # then one depth deeper each, and again (breadth first) while the deeper one prices faster (the shallowest
     # counts as faster than nothing)
     walk = shallowest if SEED_DEPTHS > 1 else []

@@ -1,0 +1,90 @@
+"""The seeds' pass over the largest uniform sub-cluster: the GPUs megatron-oblivious plans over, as arachne's seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from arachne.cost import CostModel
+from arachne.planners.arachne import seeds
+from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.harness import run_planner
+from arachne.planners.protocol import Deadline, SearchBudget
+from arachne.spec.cluster import cluster_from_dict
+from arachne.spec.job import Job
+from arachne.spec.model import model_catalog
+from arachne.spec.runtimes import Legality
+
+ROB016 = {"name": "rob-016", "nodes": [
+    {"name": "h100-x8-{i}", "count": 6, "gpu": "H100", "gpus_per_node": 8},
+    {"name": "h20-x8-{i}", "count": 21, "gpu": "H20", "gpus_per_node": 8},
+    {"name": "h100-x1-{i}", "count": 49, "gpu": "H100", "gpus_per_node": 1, "inter_node_gbps": 50},
+    {"name": "h800-x4-{i}", "count": 5, "gpu": "H800", "gpus_per_node": 4},
+    {"name": "h800-x1-{i}", "count": 21, "gpu": "H800", "gpus_per_node": 1, "zone": "row-2"},
+    {"name": "titan-rtx-x1-{i}", "count": 86, "gpu": "Titan-RTX", "gpus_per_node": 1},
+    {"name": "titan-rtx-x2-{i}", "count": 43, "gpu": "Titan-RTX", "gpus_per_node": 2, "inter_node_gbps": 6.25},
+    {"name": "a100-80-x8-{i}", "count": 7, "gpu": "A100-80", "gpus_per_node": 8, "zone": "row-4"}]}
+"""Fresh hold-out seed107/rob-016: 534 GPUs of five types in nodes of 1, 2, 4 and 8."""
+
+
+def ctx_for(nodes: list[dict], model: str = "LLaMA-2-70B", gbs: int = 256, seq: int = 2048) -> PlanningContext:
+    cl = cluster_from_dict({"name": "c", "nodes": nodes})
+    return PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq),
+                           CostModel(cl))
+
+
+def names(ctx: PlanningContext, sub: tuple[int, ...]) -> set[tuple[str, int]]:
+    return {(ctx.classes[i].gpu.name, ctx.classes[i].node_size) for i in sub}
+
+
+def test_the_uniform_nodes_are_the_node_size_with_the_most_gpus_over_several_types():
+    ctx = ctx_for([{"name": "h{i}", "count": 2, "gpu": "H100", "gpus_per_node": 8},
+                   {"name": "a{i}", "count": 3, "gpu": "A100-80", "gpus_per_node": 8},
+                   {"name": "s{i}", "count": 10, "gpu": "H100", "gpus_per_node": 1},
+                   {"name": "t{i}", "count": 4, "gpu": "T4", "gpus_per_node": 4}])
+    sub, size = seeds.uniform_nodes(ctx)
+    assert size == 8 and names(ctx, sub) == {("H100-SXM5-80GB", 8), ("A100-SXM4-80GB", 8)}
+    # one type has every GPU of that size: nothing new to seed
+    one = ctx_for([{"name": "h{i}", "count": 4, "gpu": "H100", "gpus_per_node": 8},
+                   {"name": "t{i}", "count": 4, "gpu": "T4", "gpus_per_node": 4}])
+    assert seeds.uniform_nodes(one) is None
+    # a tie in GPUs goes to the larger nodes
+    tie = ctx_for([{"name": "h{i}", "count": 1, "gpu": "H100", "gpus_per_node": 8},
+                   {"name": "a{i}", "count": 1, "gpu": "A100-80", "gpus_per_node": 8},
+                   {"name": "t{i}", "count": 4, "gpu": "T4", "gpus_per_node": 4}])
+    assert seeds.uniform_nodes(tie)[1] == 8
+
+
+def test_the_seeds_price_the_uniform_nodes_right_after_the_incumbents_own_tp(monkeypatch):
+    """The walk over the incumbent's GPU type (here the H20) used up the seeds' time on seed107/rob-016 before any
+    subset with the H100 and A100 nodes of 8; megatron-oblivious's one stage of tp 8 x dp 32 over those nodes was
+    1.198x arachne's plan."""
+    cl = cluster_from_dict(ROB016)
+    ctx = PlanningContext(cl, model_catalog().get("DeepSeek-V3"), Job(global_batch_size=1024, sequence_length=2048),
+                          CostModel(cl))
+    sub, _ = seeds.uniform_nodes(ctx)
+    assert names(ctx, sub) == {("H100-SXM5-80GB", 8), ("A100-SXM4-80GB", 8), ("H20", 8)}
+    order: list[tuple[tuple[int, ...], int]] = []
+
+    def logged(tpl, ctx_, mbs, *a, **k):  # the order only: nothing is priced
+        order.append((tuple(sorted({s.cls for g in tpl.groups for s in g.slots})), tpl.groups[0].slots[0].tp))
+        return []
+
+    monkeypatch.setattr(seeds, "complete_seed", logged)
+    h20 = {"H20"}
+    seeds.seed_plans(ctx, Deadline(60), first=h20, tps={2})
+    lead = order[0]
+    assert names(ctx, lead[0]) == {("H20", 8)}
+    other_tp = next(i for i, (s, tp) in enumerate(order) if s == lead[0] and tp != lead[1])
+    spans = [i for i, (s, _) in enumerate(order)
+             if set(s) <= set(sub) and len({ctx.classes[c].gpu.name for c in s}) > 1]
+    assert spans and spans[0] < other_tp
+
+
+@pytest.mark.slow
+def test_the_planner_passes_megatron_oblivious_on_deepseek_v3_over_five_types():
+    cl = cluster_from_dict(ROB016)
+    model, job = model_catalog().get("DeepSeek-V3"), Job(global_batch_size=1024, sequence_length=2048)
+    cm = CostModel(cl)
+    runs = {name: run_planner(name, cl, model, job, cm, SearchBudget(time_budget_s=10.0), Legality.of("arachne"))
+            for name in ("arachne", "megatron-oblivious")}
+    assert runs["arachne"][1].tokens_per_s >= runs["megatron-oblivious"][1].tokens_per_s
