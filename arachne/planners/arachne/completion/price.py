@@ -217,6 +217,7 @@ def head_bound(est: Estimate, even_share: bool = False) -> bool:
         if st.pipeline in last:
             others.setdefault(st.pipeline, []).append(last[st.pipeline].compute_s)
         last[st.pipeline] = st
+
     def paces(st: StageEstimate, rest: list[float]) -> bool:
         if even_share:  # the slowest stage, and well above the even share
             return st.compute_s >= max(rest) and st.compute_s >= HEAD_BOUND * sum(rest) / len(rest)
@@ -287,21 +288,13 @@ def _price_variant(template: Template, ctx: PlanningContext, mbs_options: list[i
                 # blocking sends take a real share of the step: the split that balances them too is priced
                 alt = split_and_share(t, ctx, mbs, recompute, layouts[0], sends=True)
                 if alt is not None and alt[0] != splits:
-                    for cand in (build_plan(t, ctx, mbs, recompute, lay, alt[0], alt[1]) for lay in layouts):
-                        est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
-                        if est is not None and est.fits and est.iteration_time_s < best_time(best):
-                            best = (cand, est)
-                            ctx.found_fit = True
+                    best = _price_alt(t, ctx, mbs, recompute, layouts, alt, best)
             if alt_splits and ctx.trim_last and best is not None and \
                     best[1].tokens_per_s >= TRIM_WITHIN * ctx.best_tok_s:
                 # few micro-batches per stage: the split with the last stage trimmed by the 1F1B timeline
                 alt = split_and_share(t, ctx, mbs, recompute, layouts[0], trim=True)
                 if alt is not None:
-                    for cand in (build_plan(t, ctx, mbs, recompute, lay, alt[0], alt[1]) for lay in layouts):
-                        est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
-                        if est is not None and est.fits and est.iteration_time_s < best_time(best):
-                            best = (cand, est)
-                            ctx.found_fit = True
+                    best = _price_alt(t, ctx, mbs, recompute, layouts, alt, best)
         if best is not None:
             if alt_splits and ctx.group_sizes and len(template.groups) > 1 and \
                     best[1].tokens_per_s >= ctx.group_within * ctx.best_tok_s:
@@ -343,6 +336,18 @@ def _price_group_sizes(ctx: PlanningContext, capped: dict[int, tuple[Template, l
         est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
         if est is not None and est.fits and est.iteration_time_s < best[1].iteration_time_s:
             best = (cand, est)
+    return best
+
+
+def _price_alt(t: Template, ctx: PlanningContext, mbs: int, recompute: bool, layouts: list, alt: tuple,
+               best: tuple[Plan, Estimate] | None) -> tuple[Plan, Estimate] | None:
+    """A second layer split (``alt``: splits and micro-batch counts) priced on every placement: the faster of it
+    and ``best`` (only a plan that fits)."""
+    for cand in (build_plan(t, ctx, mbs, recompute, lay, alt[0], alt[1]) for lay in layouts):
+        est = ctx.cost_model.estimate(cand, validate=False) if cand is not None else None
+        if est is not None and est.fits and est.iteration_time_s < best_time(best):
+            best = (cand, est)
+            ctx.found_fit = True
     return best
 
 
