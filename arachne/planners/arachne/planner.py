@@ -178,7 +178,7 @@ class ArachnePlanner:
         stats = SearchStats()
         early: list = []  # the passes after the search, run before the fallback (long sequences)
 
-        def post(span: float, polished: list, lift: bool = True) -> list:
+        def post(span: float, polished: list, last: bool = True) -> list:
             """The passes after the search, for their shares of ``span`` on the run's clock: the seeds (the
             uniform grid family, seeds.py), then the formats-v2 knobs on the best plans (completion/modern.py)."""
             from arachne.planners.arachne.seeds import seed_pass
@@ -187,10 +187,10 @@ class ArachnePlanner:
             # without context parallelism, or a small cluster's space is spent)
             left = span * (1 - MODERN_SHARE) - run.elapsed
             out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished,
-                            seconds=left, priced=self._priced)
+                            seconds=left, priced=self._priced, last=last)
             mark("seeds")
             return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
-                                     span, deadline, self._score, work=ctx.work, lift=lift)
+                                     span, deadline, self._score, work=ctx.work, last=last)
 
         # the latency target runs on the work clock; the wall clock only guards against a machine many
         # times slower than the one the work rates were fitted on
@@ -319,9 +319,9 @@ class ArachnePlanner:
             mark("polish")
             if extend and pricer.best() is not None and o.ablation.modern_knobs:
                 # what the base pass returns (its passes after the search, as it runs them) stays in the
-                # pool, so a longer target never returns a slower plan (the knobs' lift waits for the last pass:
-                # its estimate here would shift the extension)
-                polished += post(base_span, polished, lift=False)
+                # pool, so a longer target never returns a slower plan (the knobs' lift and reshaping wait for
+                # the last pass: their estimates here would shift the extension)
+                polished += post(base_span, polished, last=False)
             if extend and pricer.best() is not None:
                 stats.notes["extended_s"] = round(full_target - run.elapsed, 3)
                 end = full_target * (1 - o.shares.polish_share) if self._polishes else full_target

@@ -28,8 +28,9 @@ from arachne.cost import Estimate
 from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS  # noqa: F401 (re-exported)
 from arachne.planners.arachne.completion.batch import mbs_candidates
-from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize, recomputes
+from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize
 from arachne.planners.arachne.completion.place import cap_replicas, placements
+from arachne.planners.arachne.completion.plan_edits import recomputes
 from arachne.planners.arachne.completion.price import ALT_WITHIN, P2P_SHARE, build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
@@ -523,14 +524,15 @@ def seed_share(job, priced: bool = False) -> float:
 
 def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[], float], target_s: float,
               cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = (),
-              seconds: float | None = None, priced: bool = False) -> list[Priced]:
+              seconds: float | None = None, priced: bool = False, last: bool = True) -> list[Priced]:
     """The planner's hook: :func:`seed_plans` for :func:`seed_share` of ``target_s`` on ``clock`` (never past
     ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower is
     better) less the recomputation they could drop, and on the fastest by ``score`` when it is not one of them;
     every plan returned fits and breaks no rule of ``legality``.
     ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first);
     ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target);
-    ``priced``: see :func:`seed_share`."""
+    ``priced``: see :func:`seed_share`; ``last``: the run's last pass (the knobs that reshape a plan run only there,
+    as in :func:`~.completion.modern.modern_variants`)."""
     deadline = Deadline(max(seed_share(ctx.job, priced) * target_s, seconds or 0.0), clock, cap)
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
@@ -578,7 +580,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
             continue
         sub = deadline.child(deadline.remaining / max(1, shares - i))
         better = modernize(plan, est, ctx.cost_model, legality=rules, allow_fp8=fp8_allowed(ctx.job), deadline=sub,
-                           max_estimates=SEED_ESTIMATES, work=ctx.work)
+                           max_estimates=SEED_ESTIMATES, work=ctx.work, reshape=last)
         if better[0] is not plan:
             out.append(better)
     return out

@@ -7,7 +7,8 @@ from __future__ import annotations
 from arachne.cost import CostModel
 from arachne.plan import Pipeline, Stage
 from arachne.planners.arachne.completion import modern
-from arachne.planners.arachne.completion.modern import map_stages, modernize, with_recompute
+from arachne.planners.arachne.completion.modern import modernize
+from arachne.planners.arachne.completion.plan_edits import map_stages, with_recompute
 from arachne.planners.arachne.context import _PIPELINE, _STAGE, _like
 from arachne.planners.arachne.work_clock import RATES, Work, WorkClock
 from arachne.planners.harness import run_planner

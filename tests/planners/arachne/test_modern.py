@@ -12,14 +12,8 @@ from arachne.cost import CostModel
 from arachne.errors import NoFeasiblePlanError
 from arachne.plan import plan_errors, validate_plan
 from arachne.plan_rules import uses_v2
-from arachne.planners.arachne.completion.modern import (
-    expert_layouts,
-    interleaved,
-    modern_variants,
-    modernize,
-    recomputes,
-    with_cp,
-)
+from arachne.planners.arachne.completion.modern import modern_variants, modernize
+from arachne.planners.arachne.completion.plan_edits import expert_layouts, interleaved, recomputes, with_cp
 from arachne.planners.harness import run_planner
 from arachne.planners.protocol import Deadline, SearchBudget
 from arachne.spec.cluster import cluster_from_dict
@@ -258,7 +252,7 @@ def test_the_switch_turns_the_knobs_off():
 
 def test_recomputation_is_cut_to_what_memory_needs():
     """A plan that recomputes every stage although memory does not need it: the knobs recompute less."""
-    from arachne.planners.arachne.completion.modern import map_stages, with_recompute
+    from arachne.planners.arachne.completion.plan_edits import map_stages, with_recompute
 
     cl = cluster([("A100-40", 2, 4)])
     model = model_catalog().get("LLaMA-2-7B")
@@ -317,7 +311,8 @@ def test_a_plan_short_of_memory_tries_zero_before_the_other_knobs(monkeypatch):
     comes right after the overlap, before the deadline or the estimates run out (fresh hold-out seed84/rob-024:
     one stage of dp 192 on A100, 1.630x with ZeRO last, 1.977x with it first); a plan that does not recompute
     keeps ZeRO last."""
-    from arachne.planners.arachne.completion.modern import Knobs, map_stages, with_recompute
+    from arachne.planners.arachne.completion.modern import Knobs
+    from arachne.planners.arachne.completion.plan_edits import map_stages, with_recompute
 
     calls: list[str] = []
     for name in ("overlap", "sequence_parallel", "recompute", "context_parallel", "interleave", "experts",
@@ -429,7 +424,7 @@ def test_the_plan_the_overlap_lifts_most_is_overlapped_before_the_extras(monkeyp
     assert seen == [1.0 + i for i in range(modern.TOP_PLANS + modern.EXTRA_PLANS)]
     assert lifted == [7.0] and [e.iteration_time_s for _, e in out] == [1.2]  # 7.0 s less 5.4 s of sync: 1.6 s
     lifted.clear()
-    assert modern_variants(results, cm, lift=False) == [] and lifted == []
+    assert modern_variants(results, cm, last=False) == [] and lifted == []
     results[6][1].breakdown["dp_sync_s"] = 3.0  # 4.0 s at best: not faster than the third plan, not priced
     assert modern_variants(results, cm) == [] and lifted == []
 

@@ -7,7 +7,7 @@ import pytest
 from arachne.cost import CostModel
 from arachne.plan import validate_plan
 from arachne.planners.arachne import seeds
-from arachne.planners.arachne.completion.modern import recomputes
+from arachne.planners.arachne.completion.plan_edits import recomputes
 from arachne.planners.arachne.completion.price import ALT_WITHIN
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.template import Group, Slot, Template

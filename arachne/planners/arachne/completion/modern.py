@@ -8,15 +8,18 @@ framework makes by default, no slower):
 1. ``fp8`` where the job allows it and every GPU of the plan has an FP8 rate;
 2. overlapped gradient reduction (and parameter gather, with ZeRO) when layers are replicated;
 3. sequence parallelism on every stage with ``tp > 1`` (same time, less activation memory);
-4. per-stage recomputation: the fastest of none / selective / the first k blocks / full that fits;
+4. per-stage recomputation: the fastest of none / selective / the first k blocks / full that fits; a plan that
+   recomputes nothing gets the even split of each run of like stages instead, with the recomputation it needs;
 5. context parallelism ``cp`` in {2, 4} for sequences of :data:`LONG_SEQUENCE` tokens or more, replacing
    stage data parallelism (or merging identical pipelines), then recomputation again;
-6. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``, each layout also with its all-to-alls overlapped;
-7. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages (a
+6. micro-batches twice as large (up to twice in a row, while faster), with the sharding or the per-stage
+   recomputation that makes them fit;
+7. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``, each layout also with its all-to-alls overlapped;
+8. interleaved 1F1B, ``virtual_stages`` in {2, 3, 4} where ``micro_batches`` is a multiple of the stages (a
    stage short of ``v`` blocks takes them from the stage with the most);
-8. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
+9. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
-9. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
+10. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
 
 Each plan gets at most :data:`MAX_ESTIMATES` estimates, within the caller's deadline; every variant
 passes the caller's legality predicate and the format's rules (a plan that would not is never returned).
@@ -30,8 +33,20 @@ from dataclasses import dataclass
 
 from arachne.cost import CostModel, Estimate
 from arachne.errors import InputError
-from arachne.plan import PLAN_FORMAT, PLAN_FORMAT_V2, Pipeline, Plan, Stage, plan_errors
+from arachne.plan import PLAN_FORMAT_V2, Pipeline, Plan, Stage, plan_errors
 from arachne.plan_rules import uses_v2
+from arachne.planners.arachne.completion.plan_edits import (
+    even_split,
+    expert_layouts,
+    interleavings,
+    map_stages,
+    recomputes,
+    replicated,
+    with_cp,
+    with_micro_batch_size,
+    with_pipelines,
+    with_recompute,
+)
 from arachne.planners.arachne.work_clock import Work
 from arachne.planners.protocol import Deadline
 from arachne.spec.model import ModelSpec
@@ -47,133 +62,13 @@ percent slower as version 1 can interleave where the fastest cannot)."""
 LONG_SEQUENCE = 32768
 """Context parallelism is tried from this sequence length on."""
 CP_DEGREES = (2, 4)
-VIRTUAL_STAGES = (2, 3, 4)
+MBS_DOUBLINGS = 2
+"""Times the micro-batch size is doubled, while each doubling is faster."""
 RECOMPUTE_REPAIRS = 2
 """Re-pricings of a per-stage recomputation choice whose estimated partial memory was a little short."""
 
 Priced = tuple[Plan, Estimate]
 Check = Callable[[Plan], bool]
-
-
-# ---- plan edits --------------------------------------------------------------------------------------
-def _with_pipelines(plan: Plan, pipes: Iterable[Pipeline], **update) -> Plan:
-    p = plan.model_copy(update={"pipelines": tuple(pipes), **update})
-    return p.model_copy(update={"format": PLAN_FORMAT_V2 if uses_v2(p) else PLAN_FORMAT})
-
-
-def map_stages(plan: Plan, fn: Callable[[int, int, Pipeline, Stage], Stage], **update) -> Plan:
-    """``plan`` with every stage replaced by ``fn(pipeline index, stage index, pipeline, stage)``."""
-    pipes = []
-    for pi, p in enumerate(plan.pipelines):
-        stages = tuple(fn(pi, si, p, st) for si, st in enumerate(p.stages))
-        pipes.append(p if all(a is b for a, b in zip(stages, p.stages)) else p.model_copy(update={"stages": stages}))
-    return _with_pipelines(plan, pipes, **update)
-
-
-def with_recompute(st: Stage, kind: str, k: int | None = None) -> Stage:
-    """``st`` at recomputation ``kind`` (none / selective / full), ``k``: only the first k blocks (full)."""
-    rec: bool | str = {"none": False, "selective": "selective", "full": True}[kind]
-    layers = k if kind == "full" and k is not None and k < st.num_layers else None
-    if st.recompute == rec and st.recompute_layers == layers:
-        return st
-    return st.model_copy(update={"recompute": rec, "recompute_layers": layers})
-
-
-def interleaved(pipe: Pipeline, v: int) -> Pipeline | None:
-    """``pipe`` as interleaved 1F1B with ``v`` chunks per stage (each stage keeps its block count, except that a
-    stage of fewer than ``v`` blocks takes what it lacks from the stage with the most; chunk j of stage s is
-    range ``j * S + s``), or None where it cannot be (one stage, too few blocks, micro-batches not a multiple
-    of the stages, already interleaved)."""
-    S = len(pipe.stages)
-    if S < 2 or pipe.virtual_stages != 1 or pipe.micro_batches % S:
-        return None
-    counts = [st.num_layers for st in pipe.stages]
-    while min(counts) < v:  # a stage short of v blocks takes them from the stage with the most
-        short, most = counts.index(min(counts)), counts.index(max(counts))
-        need = v - counts[short]
-        if counts[most] - need < v:
-            return None
-        counts[short] += need
-        counts[most] -= need
-    sizes = [[n // v + (1 if j < n % v else 0) for j in range(v)] for n in counts]
-    ranges: list[list[tuple[int, int]]] = [[] for _ in range(S)]
-    at = 0
-    for j in range(v):
-        for s in range(S):
-            ranges[s].append((at, at + sizes[s][j]))
-            at += sizes[s][j]
-    stages = tuple(st.model_copy(update={"layers": tuple(r)}) for st, r in zip(pipe.stages, ranges))
-    return pipe.model_copy(update={"stages": stages, "virtual_stages": v})
-
-
-def interleavings(plan: Plan) -> list[Plan]:
-    """``plan`` with its pipelines interleaved at each of :data:`VIRTUAL_STAGES` that changes some pipeline (a
-    pipeline :func:`interleaved` cannot split stays as it is); none for a schedule other than 1F1B."""
-    out: list[Plan] = []
-    if plan.schedule != "1f1b":
-        return out
-    for v in VIRTUAL_STAGES:
-        pipes = [interleaved(p, v) or p for p in plan.pipelines]
-        if all(a is b for a, b in zip(pipes, plan.pipelines)):
-            break
-        out.append(_with_pipelines(plan, pipes))
-    return out
-
-
-def with_cp(plan: Plan, c: int) -> Plan | None:
-    """Context parallelism ``c`` in place of data parallelism: pipelines of the same shape merged ``c`` at a
-    time (their stages' devices concatenated, so each stage keeps its dp and runs ``c`` times the
-    micro-batches at ``1/c`` of each sequence per GPU: a smaller bubble share and less activation memory);
-    in a pipeline left over, each stage of dp divisible by ``c`` becomes dp/c groups of ``c * tp`` (the same
-    devices, tp fastest then cp). None when nothing changes."""
-    if plan.sequence_length % (2 * c):
-        return None
-    pipes: list[Pipeline] = []
-    shapes: dict[tuple, list[Pipeline]] = {}
-    for p in plan.pipelines:
-        if any(st.cp != 1 for st in p.stages) or p.virtual_stages != 1:
-            pipes.append(p)
-            continue
-        key = (p.micro_batches, p.micro_batch_size, tuple((st.layers, st.tp, st.dp_size, st.ep, st.etp, st.recompute,
-                                                           st.recompute_layers, st.sequence_parallel,
-                                                           len(st.devices)) for st in p.stages))
-        shapes.setdefault(key, []).append(p)
-    changed = False
-    for group in shapes.values():
-        whole = len(group) - len(group) % c
-        for i in range(0, whole, c):
-            part = group[i:i + c]
-            stages = tuple(st.model_copy(update={"devices": tuple(d for q in part for d in q.stages[si].devices),
-                                                 "cp": c, "dp": st.dp_size if st.dp_size > 1 else None})
-                           for si, st in enumerate(part[0].stages))
-            pipes.append(part[0].model_copy(update={"stages": stages,
-                                                    "micro_batches": sum(q.micro_batches for q in part)}))
-            changed = True
-        for p in group[whole:]:
-            stages = tuple(st if st.dp_size % c else st.model_copy(
-                update={"cp": c, "dp": st.dp_size // c if st.dp_size > c else None}) for st in p.stages)
-            changed = changed or any(a is not b for a, b in zip(stages, p.stages))
-            pipes.append(p.model_copy(update={"stages": stages}))
-    return _with_pipelines(plan, pipes) if changed else None
-
-
-def expert_layouts(st: Stage, model: ModelSpec) -> list[tuple[int, int | None]]:
-    """``(ep, etp)`` layouts of a MoE stage's experts worth pricing: etp 1 and tp, each with the largest ep
-    the stage allows (``ep * etp`` dividing ``dp * cp * tp``, ``num_experts % ep == 0``) and the next one below
-    it (all-to-alls over fewer GPUs, twice the expert memory: fresh hold-out seed97/rob-029), and etp 1 at the
-    current ep. ``etp`` None where the layout is version 1's (etp = tp, cp 1)."""
-    n = st.dp_size * st.cp * st.tp
-    out: list[tuple[int, int | None]] = []
-    for etp in sorted({1, st.tp}):
-        if model.tp_error(st.tp, etp=etp) is not None:
-            continue
-        eps = [e for e in range(1, n // etp + 1) if (n // etp) % e == 0 and model.ep_error(e) is None]
-        below = sorted(eps)[-2:-1]
-        for ep in sorted({max(eps, default=1), *below, st.ep if (n // etp) % st.ep == 0 else 1}):
-            spelled = None if etp == st.tp and st.cp == 1 and st.dp_size % ep == 0 else etp
-            if (ep, spelled) != (st.ep, st.etp):
-                out.append((ep, spelled))
-    return out
 
 
 # ---- the search ----------------------------------------------------------------------------------------
@@ -188,6 +83,7 @@ class Knobs:
     left: int = MAX_ESTIMATES
     deadline: Deadline | None = None
     work: Work | None = None  # the planner's tally: variants priced and their stages (the work clock)
+    reshape: bool = True  # the knobs that move layers or resize micro-batches
 
     def spent(self) -> bool:
         return self.left <= 0 or (self.deadline is not None and self.deadline.expired())
@@ -230,7 +126,7 @@ class Knobs:
         plan = self.best[0]
         if replicated(plan) and not plan.overlap_grad_reduce:
             upd = {"overlap_grad_reduce": True, "overlap_param_gather": plan.zero_stage >= 1}
-            self.offer(_with_pipelines(plan, plan.pipelines, **upd), ties=True)
+            self.offer(with_pipelines(plan, plan.pipelines, **upd), ties=True)
 
     def sequence_parallel(self) -> None:
         plan = self.best[0]
@@ -242,6 +138,13 @@ class Knobs:
         plan, est = self.best
         if recomputes(plan):
             self.relax(plan, est)
+            return
+        if not self.reshape:
+            return
+        cand = even_split(plan, self.cm.cluster)  # no recomputation: the even split, recomputing what it needs
+        e = self.price(cand) if cand is not None else None
+        if e is not None and not self.offer(cand, e):
+            self.fit_if_faster(cand, e)
 
     def context_parallel(self) -> None:
         if self.best[0].sequence_length < LONG_SEQUENCE:
@@ -255,11 +158,32 @@ class Knobs:
                 continue
             self.relax(cand, est)  # less activation memory per GPU: less recomputation
 
+    def batch(self) -> None:
+        """Larger micro-batches (twice, then twice again while that is faster), with the recomputation or the
+        sharding that makes them fit: the completion recomputes only where nothing fits without it, so a
+        larger micro-batch that fits by recomputing some stages is priced here."""
+        for _ in range(MBS_DOUBLINGS if self.reshape else 0):
+            cand = with_micro_batch_size(self.best[0], 2)
+            est = self.price(cand) if cand is not None else None
+            if est is None:
+                return
+            before = self.best
+            if not self.offer(cand, est):
+                self.fit_if_faster(cand, est)
+            if self.best is before:
+                return
+
     def interleave(self) -> None:
         for cand in interleavings(self.best[0]):
             est = self.price(cand)
             if est is not None and not self.offer(cand, est) and not est.fits:
                 self.make_fit(cand, est)
+
+    def fit_if_faster(self, plan: Plan, est: Estimate) -> None:
+        """:meth:`make_fit` for a variant short of memory whose estimate as it is beats the best: sharding and
+        recomputation only add time, so a variant no faster before them is not priced with them."""
+        if not est.fits and est.iteration_time_s < self.best[1].iteration_time_s:
+            self.make_fit(plan, est)
 
     def make_fit(self, plan: Plan, est: Estimate) -> None:
         """A variant short of memory: first with its gradients sharded too (ZeRO-2: the same traffic as the
@@ -267,7 +191,7 @@ class Knobs:
         recomputation that makes it fit. A recomputing ZeRO-2 variant is not taken here: it would keep the ZeRO
         knob from trying ZeRO-2 on the plan without the variant's change (decision 0024)."""
         if replicated(plan) and plan.zero_stage < 2:
-            z2 = _with_pipelines(plan, plan.pipelines, zero_stage=2, overlap_param_gather=plan.overlap_grad_reduce,
+            z2 = with_pipelines(plan, plan.pipelines, zero_stage=2, overlap_param_gather=plan.overlap_grad_reduce,
                                  format=PLAN_FORMAT_V2)
             e2 = self.price(z2)
             if e2 is not None and e2.fits:
@@ -295,7 +219,7 @@ class Knobs:
                 self.make_fit(cand, est)  # fewer GPUs per expert: more expert memory (ZeRO-2 first)
             if not cand.overlap_moe_comm and any(st.ep > 1 for p in cand.pipelines for st in p.stages):
                 # each layout also with its all-to-alls overlapped: the overlap can decide between layouts
-                self.offer(_with_pipelines(cand, cand.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2))
+                self.offer(with_pipelines(cand, cand.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2))
 
     def moe_overlap(self) -> None:
         """``overlap_moe_comm`` on a plan with expert parallelism: as it is, interleaved (Megatron-Core pairs
@@ -305,7 +229,7 @@ class Knobs:
         plan = self.best[0]
         if not self.model.is_moe or plan.overlap_moe_comm or all(st.ep == 1 for p in plan.pipelines for st in p.stages):
             return
-        on = _with_pipelines(plan, plan.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2)
+        on = with_pipelines(plan, plan.pipelines, overlap_moe_comm=True, format=PLAN_FORMAT_V2)
         cands = [on]
         if recomputes(on):
             cands.append(map_stages(on, lambda _a, _b, _p, st: with_recompute(st, "selective")
@@ -323,7 +247,7 @@ class Knobs:
         for z in (1, 2, 3):
             if z <= plan.zero_stage:
                 continue
-            cand = _with_pipelines(plan, plan.pipelines, zero_stage=z, overlap_param_gather=plan.overlap_grad_reduce)
+            cand = with_pipelines(plan, plan.pipelines, zero_stage=z, overlap_param_gather=plan.overlap_grad_reduce)
             est = self.price(cand)
             # ZeRO-1 (the distributed optimizer) wherever it is no slower; 2 and 3 only when faster, also with
             # the recomputation their memory savings allow
@@ -396,16 +320,6 @@ def _fastest_fit(none, full, sel, n: int) -> tuple[str, int | None]:
     return kind, k
 
 
-def recomputes(plan: Plan) -> bool:
-    """Whether some stage recomputes activations."""
-    return any(st.recompute for p in plan.pipelines for st in p.stages)
-
-
-def replicated(plan: Plan) -> bool:
-    """Whether some layers are held by more than one replica (gradients are reduced)."""
-    return len(plan.pipelines) > 1 or any(st.dp_size * st.cp > 1 for p in plan.pipelines for st in p.stages)
-
-
 def legal_check(legality: Legality | None, base: Plan, cluster) -> Check:
     """A variant is allowed when it breaks no rule of ``legality`` that ``base`` keeps (the harness mends a
     ZeRO stage or Megatron split ``base`` breaks the same way for both; an interleaved plan it cannot)."""
@@ -422,14 +336,15 @@ def legal_check(legality: Legality | None, base: Plan, cluster) -> Check:
 
 def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Legality | None = None,
               allow_fp8: bool = False, deadline: Deadline | None = None,
-              max_estimates: int = MAX_ESTIMATES, work: Work | None = None) -> Priced:
+              max_estimates: int = MAX_ESTIMATES, work: Work | None = None, reshape: bool = True) -> Priced:
     """The fastest fitting variant of ``plan`` found by the knobs (``plan`` itself when none is faster); a
-    variant is never slower than ``plan`` under ``cost_model`` and always valid and within ``legality``."""
+    variant is never slower than ``plan`` under ``cost_model`` and always valid and within ``legality``.
+    ``reshape``: also the knobs that move layers or resize micro-batches (the even split, larger micro-batches)."""
     model = cost_model.resolve_model(plan)
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
-                  max_estimates, deadline, work)
-    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.experts,
-             knobs.interleave, knobs.moe_overlap, knobs.zero]
+                  max_estimates, deadline, work, reshape)
+    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.batch,
+             knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero]
     if recomputes(plan) and replicated(plan):  # short of memory: what ZeRO frees comes first, before the deadline
         steps = [knobs.overlap, knobs.zero] + [s for s in steps if s not in (knobs.overlap, knobs.zero)]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
@@ -447,12 +362,15 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
                     allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
                     max_estimates: int = MAX_ESTIMATES,
                     key: Callable[[Estimate], float] | None = None, work: Work | None = None,
-                    extra: int = EXTRA_PLANS, lift: bool = True) -> list[Priced]:
+                    extra: int = EXTRA_PLANS, last: bool = True) -> list[Priced]:
     """:func:`modernize` on the ``top`` best version-1 plans of ``results`` (by ``key``, lower is better;
     default: iteration time): the faster variants found (the first plan gets half the deadline, the second
     half of the rest, the third the rest); then, while the deadline lasts (the first ``top`` finished early),
-    on up to ``extra`` more, each again half of what is left, and before them (``lift``) the plan the overlap
-    lifts most (:func:`_lifted`). A variant runs on its plan's GPUs, so faster is also cheaper."""
+    on up to ``extra`` more, each again half of what is left. ``last``: the run's last knobs pass, which also
+    prices, before the extras, the plan the overlap lifts most (:func:`_lifted`), and the knobs that reshape a
+    plan (``reshape``: the even split, larger micro-batches); a base pass that a longer target extends keeps to
+    the others, since each estimate there shifts the extension (decision 0033). A variant runs on its plan's
+    GPUs, so faster is also cheaper."""
     rank = key or (lambda e: e.iteration_time_s)
     # (the search's plans: version 1, with sequence parallelism where tp > 1 by the completion's rule)
     start = sorted((r for r in results if not uses_v2(r[0], sequence_parallel=False)), key=lambda r: rank(r[1]))
@@ -461,13 +379,13 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
     while i < min(len(start), top + extra):
         if deadline is not None and deadline.expired():
             break
-        if lift and i == top > 0:  # before the extras, the plan the overlap lifts most (with the time the first left)
+        if last and i == top > 0:  # before the extras, the plan the overlap lifts most (with the time the first left)
             out += _lifted(start, top, rank, cost_model, legality, deadline, work)
         plan, est = start[i]
-        last = i == min(top, len(start)) - 1 or i == min(len(start), top + extra) - 1
-        sub = deadline.child(deadline.remaining / (1 if last else 2)) if deadline is not None else None
+        final = i == min(top, len(start)) - 1 or i == min(len(start), top + extra) - 1
+        sub = deadline.child(deadline.remaining / (1 if final else 2)) if deadline is not None else None
         better = modernize(plan, est, cost_model, legality=legality, allow_fp8=allow_fp8, deadline=sub,
-                           max_estimates=max_estimates, work=work)
+                           max_estimates=max_estimates, work=work, reshape=last)
         if better[0] is not plan:
             out.append(better)
         i += 1
@@ -505,10 +423,11 @@ def fp8_allowed(job) -> bool:
 def modern_pass(results: Iterable[Priced], cost_model: CostModel, job, legality: Legality | None,
                 clock: Callable[[], float], target_s: float, cap: Deadline | None = None,
                 key: Callable[[Estimate], float] | None = None, work: Work | None = None,
-                lift: bool = True) -> list[Priced]:
+                last: bool = True) -> list[Priced]:
     """The planner's hook: :func:`modern_variants` for :data:`MODERN_SHARE` of ``target_s`` on ``clock`` (the
     planner's work clock), and never past ``cap`` (the caller's budget on the wall clock); ``key``: the
-    planner's score; ``work``: the planner's tally (``knob_plans``, ``knob_stages``)."""
+    planner's score; ``work``: the planner's tally (``knob_plans``, ``knob_stages``); ``last``: the run's last
+    knobs pass."""
     deadline = Deadline(MODERN_SHARE * target_s, clock, cap)
     return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline,
-                           key=key, work=work, lift=lift)
+                           key=key, work=work, last=last)
