@@ -98,3 +98,12 @@ def test_the_even_split_with_its_first_stage_recomputing_beats_the_split_memory_
     assert [st.num_layers for st in new.pipelines[0].stages] == [8, 8, 8, 8]
     assert [(st.recompute, st.recompute_layers) for st in new.pipelines[0].stages][0] == (True, 1)
     assert new_est.fits and new_est.tokens_per_s >= 1.05 * est.tokens_per_s
+
+
+def test_a_base_pass_keeps_the_split_and_the_micro_batch_size():
+    """``reshape=False`` (the knobs of a base pass that a longer target extends): neither knob runs."""
+    cm, plan = one_node_pipeline("L4", 2, 1, (6, 8, 9, 9))
+    plan = with_micro_batch_size(plan, 2)
+    new, _ = modernize(plan, cm.estimate(plan), cm, reshape=False)
+    assert new.micro_batch_size == plan.micro_batch_size
+    assert [st.num_layers for st in new.pipelines[0].stages] == [6, 8, 9, 9]
