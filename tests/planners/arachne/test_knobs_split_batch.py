@@ -8,7 +8,8 @@ import pytest
 from arachne.cost import CostModel
 from arachne.plan import Plan, validate_plan
 from arachne.planners.arachne.completion.modern import modernize
-from arachne.planners.arachne.completion.plan_edits import even_split, with_micro_batch_size
+from arachne.planners.arachne.completion.plan_edits import even_split, interleaved, with_micro_batch_size
+from arachne.planners.protocol import Deadline
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.model import model_catalog
 
@@ -33,6 +34,11 @@ def test_doubling_scales_every_pipeline_and_refuses_an_inexact_split():
     assert two.global_batch_size == plan.global_batch_size
     odd = plan.model_copy(update={"pipelines": (plan.pipelines[0].model_copy(update={"micro_batches": 255}),)})
     assert with_micro_batch_size(odd, 2) is None
+    # interleaved: the micro-batches must stay a multiple of the stages (12 -> 6 on 4 stages is not)
+    deep = interleaved(plan.pipelines[0].model_copy(update={"micro_batches": 12}), 2)
+    assert with_micro_batch_size(plan.model_copy(update={"pipelines": (deep,)}), 2) is None
+    assert with_micro_batch_size(plan.model_copy(update={"pipelines": (deep.model_copy(update={
+        "micro_batches": 16}),)}), 2).pipelines[0].micro_batches == 8
 
 
 def test_a_larger_micro_batch_that_fits_by_recomputing_the_first_stage():
@@ -107,3 +113,28 @@ def test_a_base_pass_keeps_the_split_and_the_micro_batch_size():
     new, _ = modernize(plan, cm.estimate(plan), cm, reshape=False)
     assert new.micro_batch_size == plan.micro_batch_size
     assert [st.num_layers for st in new.pipelines[0].stages] == [6, 8, 9, 9]
+
+
+def test_the_planner_pass_reshapes_after_the_other_knobs(monkeypatch):
+    """``modern_variants``: every start gets the other knobs first (``reshape=False``), then the best plans and
+    the first starts get the even split and larger micro-batches; a base pass (``last=False``) gets neither."""
+    from arachne.planners.arachne.completion import modern
+
+    cm, plan = one_node_pipeline("L4", 2, 1, (6, 8, 9, 9))
+    plan = with_micro_batch_size(plan, 2)
+    est = cm.estimate(plan)
+    flags, real = [], modern.modernize
+
+    def spy(*a, **kw):
+        flags.append(kw.get("reshape"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(modern, "modernize", spy)
+    out = modern.modern_variants([(plan, est)], cm, deadline=Deadline(60.0), reshape_s=60.0)
+    assert flags == [False]
+    best, best_est = min(out, key=lambda r: r[1].iteration_time_s)
+    assert [st.num_layers for st in best.pipelines[0].stages] == [8, 8, 8, 8]
+    assert best_est.fits and best_est.tokens_per_s >= 1.05 * est.tokens_per_s
+    base = modern.modern_variants([(plan, est)], cm, last=False)
+    assert all([st.num_layers for st in p.pipelines[0].stages] == [6, 8, 9, 9] and p.micro_batch_size == 2
+               for p, _ in base)

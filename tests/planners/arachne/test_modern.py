@@ -420,6 +420,7 @@ def test_the_plan_the_overlap_lifts_most_is_overlapped_before_the_extras(monkeyp
 
     monkeypatch.setattr(modern, "modernize", fake)
     monkeypatch.setattr(modern.Knobs, "overlap", overlap)
+    monkeypatch.setattr(modern, "_reshaped", lambda *a, **kw: [])  # (the reshaping knobs: their own test file)
     out = modern_variants(results, cm)
     assert seen == [1.0 + i for i in range(modern.TOP_PLANS + modern.EXTRA_PLANS)]
     assert lifted == [7.0] and [e.iteration_time_s for _, e in out] == [1.2]  # 7.0 s less 5.4 s of sync: 1.6 s

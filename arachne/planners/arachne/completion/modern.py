@@ -21,6 +21,10 @@ framework makes by default, no slower):
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
 10. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
 
+Steps 4 (the even split) and 6 reshape a plan; :func:`modernize` runs them inline (the seeds' knobs), while
+:func:`modern_variants` runs the others on every start first and then the reshaping ones, with their own time,
+on the best plans and the first starts as the others left them (:func:`_reshaped`).
+
 Each plan gets at most :data:`MAX_ESTIMATES` estimates, within the caller's deadline; every variant
 passes the caller's legality predicate and the format's rules (a plan that would not is never returned).
 """
@@ -62,6 +66,8 @@ percent slower as version 1 can interleave where the fastest cannot)."""
 LONG_SEQUENCE = 32768
 """Context parallelism is tried from this sequence length on."""
 CP_DEGREES = (2, 4)
+RESHAPE_PLANS = 3
+"""The best plans after the knobs that the reshaping knobs (even split, larger micro-batches) then take."""
 MBS_DOUBLINGS = 2
 """Times the micro-batch size is doubled, while each doubling is faster."""
 RECOMPUTE_REPAIRS = 2
@@ -139,9 +145,15 @@ class Knobs:
         if recomputes(plan):
             self.relax(plan, est)
             return
-        if not self.reshape:
+        if self.reshape:
+            self.even()
+
+    def even(self) -> None:
+        """A plan that recomputes nothing: the even split of its like stages, with what makes it fit."""
+        plan = self.best[0]
+        if recomputes(plan):
             return
-        cand = even_split(plan, self.cm.cluster)  # no recomputation: the even split, recomputing what it needs
+        cand = even_split(plan, self.cm.cluster)
         e = self.price(cand) if cand is not None else None
         if e is not None and not self.offer(cand, e):
             self.fit_if_faster(cand, e)
@@ -162,7 +174,7 @@ class Knobs:
         """Larger micro-batches (twice, then twice again while that is faster), with the recomputation or the
         sharding that makes them fit: the completion recomputes only where nothing fits without it, so a
         larger micro-batch that fits by recomputing some stages is priced here."""
-        for _ in range(MBS_DOUBLINGS if self.reshape else 0):
+        for _ in range(MBS_DOUBLINGS):
             cand = with_micro_batch_size(self.best[0], 2)
             est = self.price(cand) if cand is not None else None
             if est is None:
@@ -343,8 +355,8 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
     model = cost_model.resolve_model(plan)
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
                   max_estimates, deadline, work, reshape)
-    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel, knobs.batch,
-             knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero]
+    steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel] + \
+        ([knobs.batch] if reshape else []) + [knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero]
     if recomputes(plan) and replicated(plan):  # short of memory: what ZeRO frees comes first, before the deadline
         steps = [knobs.overlap, knobs.zero] + [s for s in steps if s not in (knobs.overlap, knobs.zero)]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
@@ -362,19 +374,21 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
                     allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
                     max_estimates: int = MAX_ESTIMATES,
                     key: Callable[[Estimate], float] | None = None, work: Work | None = None,
-                    extra: int = EXTRA_PLANS, last: bool = True) -> list[Priced]:
+                    extra: int = EXTRA_PLANS, last: bool = True, reshape_s: float | None = None) -> list[Priced]:
     """:func:`modernize` on the ``top`` best version-1 plans of ``results`` (by ``key``, lower is better;
     default: iteration time): the faster variants found (the first plan gets half the deadline, the second
     half of the rest, the third the rest); then, while the deadline lasts (the first ``top`` finished early),
     on up to ``extra`` more, each again half of what is left. ``last``: the run's last knobs pass, which also
-    prices, before the extras, the plan the overlap lifts most (:func:`_lifted`), and the knobs that reshape a
-    plan (``reshape``: the even split, larger micro-batches); a base pass that a longer target extends keeps to
-    the others, since each estimate there shifts the extension (decision 0033). A variant runs on its plan's
-    GPUs, so faster is also cheaper."""
+    prices, before the extras, the plan the overlap lifts most (:func:`_lifted`), and, after every start, the
+    knobs that reshape a plan (:func:`_reshaped`, within ``reshape_s`` more on the deadline's clock; None: what
+    the deadline leaves); a base pass that a longer target extends keeps to the others, since each estimate there
+    shifts the extension (decision 0033). A variant runs on its plan's GPUs, so faster is also cheaper."""
     rank = key or (lambda e: e.iteration_time_s)
+    results = list(results)
     # (the search's plans: version 1, with sequence parallelism where tp > 1 by the completion's rule)
     start = sorted((r for r in results if not uses_v2(r[0], sequence_parallel=False)), key=lambda r: rank(r[1]))
-    out = []
+    out: list[Priced] = []
+    firsts: list[Priced] = []
     i = 0
     while i < min(len(start), top + extra):
         if deadline is not None and deadline.expired():
@@ -385,10 +399,36 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
         final = i == min(top, len(start)) - 1 or i == min(len(start), top + extra) - 1
         sub = deadline.child(deadline.remaining / (1 if final else 2)) if deadline is not None else None
         better = modernize(plan, est, cost_model, legality=legality, allow_fp8=allow_fp8, deadline=sub,
-                           max_estimates=max_estimates, work=work, reshape=last)
+                           max_estimates=max_estimates, work=work, reshape=False)
         if better[0] is not plan:
             out.append(better)
+        if i < top:
+            firsts.append(better)
         i += 1
+    if last:  # the best plans now and the first starts as the knobs left them, each once
+        pick = {id(r[0]): r for r in sorted(out + results, key=lambda r: rank(r[1]))[:RESHAPE_PLANS] + firsts}
+        after = deadline if deadline is None or reshape_s is None else Deadline(reshape_s, deadline.clock, deadline.cap)
+        out += _reshaped(list(pick.values()), cost_model, legality, after, max_estimates, work)
+    return out
+
+
+def _reshaped(best: list[Priced], cost_model: CostModel, legality: Legality | None, deadline: Deadline | None,
+              max_estimates: int, work: Work | None) -> list[Priced]:
+    """The reshaping knobs (the even split, larger micro-batches; each with what makes it fit) on ``best``, each
+    plan with an equal share of ``deadline``: the faster variants found. They run after the other knobs, on
+    the plans those made the best, so that the others' time and order stay as they were (decision 0033)."""
+    out = []
+    for j, (plan, est) in enumerate(best):
+        if deadline is not None and deadline.expired():
+            break
+        sub = deadline.child(deadline.remaining / (len(best) - j)) if deadline is not None else None
+        model = cost_model.resolve_model(plan)
+        knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est), max_estimates,
+                      sub, work)
+        knobs.even()
+        knobs.batch()
+        if knobs.best[0] is not plan and not plan_errors(knobs.best[0], cost_model.cluster, model):
+            out.append(knobs.best)
     return out
 
 
@@ -413,6 +453,8 @@ def _lifted(start: list[Priced], top: int, rank: Callable[[Estimate], float], co
 
 MODERN_SHARE = 0.1
 """The knobs' work, as a share of the planner's target, on the planner's clock (beyond the target)."""
+RESHAPE_SHARE = 0.025
+"""The reshaping knobs' work after the others (:func:`_reshaped`), as a share of the target, beyond theirs."""
 
 
 def fp8_allowed(job) -> bool:
@@ -430,4 +472,4 @@ def modern_pass(results: Iterable[Priced], cost_model: CostModel, job, legality:
     knobs pass."""
     deadline = Deadline(MODERN_SHARE * target_s, clock, cap)
     return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline,
-                           key=key, work=work, last=last)
+                           key=key, work=work, last=last, reshape_s=RESHAPE_SHARE * target_s)

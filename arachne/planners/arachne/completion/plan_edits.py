@@ -79,8 +79,10 @@ def interleavings(plan: Plan) -> list[Plan]:
 
 def with_micro_batch_size(plan: Plan, f: int) -> Plan | None:
     """``plan`` with every micro-batch ``f`` times larger and ``f`` times fewer of them per pipeline (a pipeline
-    with its own size scaled too), or None where some pipeline's micro-batches are not a multiple of ``f``."""
-    if any(p.micro_batches % f for p in plan.pipelines):
+    with its own size scaled too), or None where some pipeline's micro-batches are not a multiple of ``f`` (or,
+    interleaved, would no longer be a multiple of its stages)."""
+    if any(p.micro_batches % f or (p.virtual_stages > 1 and p.micro_batches // f % len(p.stages))
+           for p in plan.pipelines):
         return None
     pipes = [p.model_copy(update={"micro_batches": p.micro_batches // f, "micro_batch_size":
                                   None if p.micro_batch_size is None else p.micro_batch_size * f})
