@@ -144,8 +144,7 @@ class Knobs:
         plan, est = self.best
         if recomputes(plan):
             self.relax(plan, est)
-            return
-        if self.reshape:
+        elif self.reshape:
             self.even()
 
     def even(self) -> None:
