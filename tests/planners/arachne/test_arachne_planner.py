@@ -548,6 +548,29 @@ def test_mixed_rules_are_valid_distinct_and_keep_the_plain_rule_early(model):
     assert first.template() in templates[:2]
 
 
+def test_a_graded_rule_over_the_classes_whose_nodes_hold_their_grade():
+    """A slow type in one-GPU nodes cannot hold the tp its speed asks (RTX 4090: 8 against an H800); a graded rule
+    over every class gives it many one-block stages. The graded rule over the classes whose nodes hold their grade
+    leaves it out and runs the wide V100 node at tp 8, the fastest rule (Sailor's pipeline on seed109/rob-016)."""
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import mixed_floor_states
+
+    cl = cluster_from_dict({"name": "g", "nodes": [
+        {"name": "h{i}", "count": 1, "gpu": "H800", "gpus_per_node": 8},
+        {"name": "l{i}", "count": 4, "gpu": "L40S", "gpus_per_node": 2},
+        {"name": "r{i}", "count": 14, "gpu": "RTX-4090", "gpus_per_node": 1},
+        {"name": "v{i}", "count": 1, "gpu": "V100-32", "gpus_per_node": 8}]})
+    ctx = ctx_for("DeepSeek-MoE-16B", gbs=16, seq=3072, cluster=cl)
+    assert [c.gpu.name for c in ctx.classes] == ["H800-SXM5-80GB", "L40S", "RTX-4090", "V100-SXM2-32GB"]
+    pricer = Pricer(ctx)
+    rules = mixed_floor_states(ctx)
+    best = max(rules, key=lambda st: pricer.throughput(st.template()))
+    assert [(a.kind, a.tp) for a in best.actions] == [("mix", 1), ("mix", 2), ("skip", 1), ("mix", 8)]
+    with_rtx = max(pricer.throughput(st.template()) for st in rules
+                   if len(st.actions) > 2 and st.actions[2].kind == "mix")
+    assert pricer.throughput(best.template()) > 1.05 * with_rtx
+
+
 def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
     from arachne.planners.arachne.search.rules import _mix_proxy, mixed_rule_state
 

@@ -355,7 +355,8 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     stages in proportion to its GPUs, at one tp level (``uniform``) or with tp graded by each type's speed
     (``graded``: a slower type holds fewer, wider stages, :func:`speed_grade`); also at the replica counts a GPU type
     split across node sizes fills (:func:`type_fills`), and at each tp level over only the classes whose
-    nodes are that wide (``wide``), and without the classes on a much slower network
+    nodes hold it (``wide``; graded, each class its own: the one-GPU nodes of a type that asks for tp 8 left
+    out), and without the classes on a much slower network
     (:func:`slow_network_classes`). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
     (shorter pipelines; fewer replicas matter when memory is tight)."""
@@ -375,11 +376,12 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                         if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
                             every.setdefault(st.template(), st)
     for tp in levels:  # only the classes whose nodes are wide enough, where that leaves some out
-        if 2 <= sum(tp_options(model, c.node_size)[-1] >= tp for c in classes) < n:
-            for R in replicas:
-                st = mixed_rule_state(ctx, R, tp, wide=True)
-                if st is not None and may_fit(ctx, st, 0):
-                    every.setdefault(st.template(), st)
+        for graded in (False, True):
+            if 2 <= sum(tp_options(model, c.node_size)[-1] >= _want(ctx, c, tp, graded) for c in classes) < n:
+                for R in replicas:
+                    st = mixed_rule_state(ctx, R, tp, graded=graded, wide=True)
+                    if st is not None and may_fit(ctx, st, 0):
+                        every.setdefault(st.template(), st)
     slow = slow_network_classes(classes)
     if slow and n - len(slow) >= 2:  # without the leading classes whose network would hold every replica back
         fast = {st.template(): st for j in range(n, 1, -1) for R in replicas for tp in levels
@@ -457,7 +459,7 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
     as its GPUs allow per replica (pooled with its kin when too few for one), scaled down
     to the layer count. ``experts`` (MoE): each
     stage also spreads over its node (stage-level dp) with experts sharded across those GPUs (ep).
-    ``wide``: only the classes whose nodes hold a stage of tp ``tp`` (a small batch on deep, wide
+    ``wide``: only the classes whose nodes hold a stage of the tp asked of them (a small batch on deep, wide
     stages: 21 A10 nodes and 3 V100 nodes at tp 8, without the 4-GPU nodes between them). Classes in
     ``leave_out`` stay out."""
     classes = ctx.classes[: j or len(ctx.classes)]
@@ -465,13 +467,13 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
     acts = []
     prefix = State(R)
     for c in classes:
-        if c.index in leave_out or (wide and tp_options(ctx.model, c.node_size)[-1] < tp):
+        if c.index in leave_out or (wide and tp_options(ctx.model, c.node_size)[-1] < _want(ctx, c, tp, graded)):
             acts.append((1, 1, 1, 0, False))
             prefix = prefix.push(Action("skip"))
             continue
         if c.gpu.name not in types:
             types.append(c.gpu.name)
-        want = tp * (speed_grade(classes[0].gpu, c.gpu, ctx.job.precision) if graded else 1)
+        want = _want(ctx, c, tp, graded)
         t = max((o for o in tp_options(ctx.model, c.node_size) if o <= want), default=1)
         have = kin_left(prefix, c)[c.index] if len(c.kin) > 1 else c.count
         dp = 1
@@ -491,6 +493,11 @@ def mixed_rule_state(ctx: PlanningContext, R: int, tp: int, j: int | None = None
     st = State(R, tuple(Action("mix", t, dp, ep, int(k * scale), R, pool) if int(k * scale) > 0 else Action("skip")
                         for t, dp, ep, k, pool in acts))
     return None if st.is_empty() or sum(a.kind == "mix" for a in st.actions) < 2 else st
+
+
+def _want(ctx: PlanningContext, c: DeviceClass, tp: int, graded: bool) -> int:
+    """The tp a mixed rule asks of class ``c``'s stages: ``tp``, times the type's :func:`speed_grade` when graded."""
+    return tp * (speed_grade(ctx.classes[0].gpu, c.gpu, ctx.job.precision) if graded else 1)
 
 
 def _thin(acts: list[Action], n: int) -> list[Action]:
