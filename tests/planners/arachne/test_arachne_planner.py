@@ -30,13 +30,15 @@ from arachne.spec.runtimes import Legality
 
 
 def small_cluster():
-    return cluster_from_dict({"name": "s", "nodes": [{"name": "a{i}", "count": 1, "gpu": "A100-40", "gpus_per_node": 4},
-                                                     {"name": "v{i}", "count": 1, "gpu": "V100-16", "gpus_per_node": 4}]})
+    return cluster_from_dict({"name": "s", "nodes": [
+        {"name": "a{i}", "count": 1, "gpu": "A100-40", "gpus_per_node": 4},
+        {"name": "v{i}", "count": 1, "gpu": "V100-16", "gpus_per_node": 4}]})
 
 
 def ctx_for(model="GPT-3-1.3B", gbs=64, seq=2048, cluster=None):
     cl = cluster or small_cluster()
-    return PlanningContext(cl, model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq), CostModel(cl))
+    job = Job(global_batch_size=gbs, sequence_length=seq)
+    return PlanningContext(cl, model_catalog().get(model), job, CostModel(cl))
 
 
 def test_device_classes_are_fastest_first():
@@ -109,7 +111,8 @@ def bottleneck(profiles, split, extra):
 
 def fits(profiles, split):
     S = len(profiles)
-    return all(p.memory(a, z, i == 0, i == S - 1, 1) <= p.capacity for i, (p, (a, z)) in enumerate(zip(profiles, split)))
+    return all(p.memory(a, z, i == 0, i == S - 1, 1) <= p.capacity
+               for i, (p, (a, z)) in enumerate(zip(profiles, split)))
 
 
 def brute_force_split(profiles, L, extra):
@@ -374,7 +377,8 @@ def test_features_have_the_declared_width_and_no_names():
 
 def test_policy_round_trips_through_npz(tmp_path):
     rng = np.random.default_rng(0)
-    pol = Policy([(rng.normal(size=(FEATURE_DIM, 8)), rng.normal(size=8)), (rng.normal(size=(8, 1)), rng.normal(size=1))],
+    pol = Policy([(rng.normal(size=(FEATURE_DIM, 8)), rng.normal(size=8)),
+                  (rng.normal(size=(8, 1)), rng.normal(size=1))],
                  np.zeros(FEATURE_DIM), np.ones(FEATURE_DIM), {"seed": 0})
     pol.save(tmp_path / "p.npz")
     back = Policy.load(tmp_path / "p.npz")

@@ -248,7 +248,8 @@ def joint_depth_state(ctx: PlanningContext) -> State | None:
     for its share of the batch (in proportion to its speed). A class that fits only with the others'
     replicas sharding the optimizer state (T4s beside A40s and A10s for a 13B model) is guessed again with
     them. The fewest stages that fit are rarely the best depth for every class at once
-    (``test_the_planner_finds_the_joint_depths``). Dense models only: depth_actions keeps dp 1, so experts would not be sharded at all."""
+    (``test_the_planner_finds_the_joint_depths``). Dense models only: depth_actions keeps dp 1, so experts would
+    not be sharded at all."""
     n, L = len(ctx.classes), ctx.model.num_layers
     if n < 2 or ctx.model.is_moe:
         return None
