@@ -111,10 +111,10 @@ def equal_share_types(ctx: PlanningContext, guesses: bool = False) -> list:
     """The classes of each GPU type that holds the model at tp 1 and one stage, fastest first by how fast it trains
     with the batch shared evenly over its GPUs so: the most of them whose number divides the batch, each its share
     of sequences (the depth rule's quick guess: its first class's profile, one sequence at a time) and the
-    gradients all-reduced over their nodes (``guesses``: as (classes, guessed seconds) pairs). The family reaches a type alone only after the incumbent's types and
-    all classes together, at every tp and depth; on a large cluster of many types its time can run out first,
-    while Megatron's grid over that type (data parallel over 32 of 40 H100 for a batch of 128, a fresh
-    hold-out) is the plan to beat."""
+    gradients all-reduced over their nodes (``guesses``: as (classes, guessed seconds) pairs). The family reaches
+    a type alone only after the incumbent's types and all classes together, at every tp and depth; on a large
+    cluster of many types its time can run out first, while Megatron's grid over that type (data parallel over 32
+    of 40 H100 for a batch of 128, a fresh hold-out) is the plan to beat."""
     gbs = ctx.job.global_batch_size
     ep = ep_options(ctx.model, 1)[-1]
 
@@ -223,6 +223,25 @@ def next_depth(ctx: PlanningContext, subset: tuple[int, ...], tp: int, first: in
     deeper = range(first + 1, min(ctx.model.num_layers, 2 * first) + 1)
     best = max(deeper, key=lambda S: (gpus_used(ctx, subset, tp, S), -S), default=None)
     return best if best is not None and gpus_used(ctx, subset, tp, best) > 0 else None
+
+
+FILL_IDLE = 0.25  # a lock-step form leaving this share of its class idle is also priced at the depth that fills it
+
+
+def lockstep_fill_depth(ctx: PlanningContext, cls: int, tp: int, first: int) -> int | None:
+    """A lock-step pipeline's depth after ``first`` (up to four times as deep) whose data parallelism puts the most
+    of class ``cls`` to work (ties: the shallower), where at ``first`` more than :data:`FILL_IDLE` of it idles: its
+    dp must divide the batch, so 104 GH200 run one stage of dp 64, or three of dp 32 (Megatron's grid on seed89/
+    rob-003), which the walk one depth at a time does not reach in its time. None where nothing fills more."""
+    def used(S: int) -> int:
+        d = lockstep_dp(ctx, cls, tp, S)
+        return d * S * tp if d > 1 else 0
+
+    n = ctx.classes[cls].count
+    if used(first) >= (1 - FILL_IDLE) * n:
+        return None
+    best = max(range(first + 1, min(ctx.model.num_layers, 4 * first) + 1), key=lambda S: (used(S), -S), default=None)
+    return best if best is not None and used(best) > used(first) else None
 
 
 def incumbent_shape(plan: Plan, types: set[str], tps: set[int]) -> tuple[int, int] | None:

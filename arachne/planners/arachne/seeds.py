@@ -62,6 +62,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     holds_state,
     incumbent_shape,
     lockstep_dp,
+    lockstep_fill_depth,
     mixed_template,
     next_depth,
     pools,
@@ -495,6 +496,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                         shallowest.append((subset, tp, S, 0.0, fastest(found)))
                     if all(sharded(p) for p, _ in found):
                         out += unsharded(subset, tp, S)
+                    fill = lockstep_fill_depth(ctx, subset[0], tp, S) if len(subset) == 1 and multiple == 1 else None
+                    if fill is not None and not deadline.expired():  # the lock-step depth that fills the class
+                        out += complete_all([lockstep_template(ctx, subset, tp, fill, priced)])
                     break
             out, pending = out + (nodes_pass() + around_pass() + equal_pass() if pending else []), False
     out += nodes_pass() + around_pass() + equal_pass() if pending else []

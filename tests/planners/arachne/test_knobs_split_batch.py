@@ -138,3 +138,24 @@ def test_the_planner_pass_reshapes_after_the_other_knobs(monkeypatch):
     base = modern.modern_variants([(plan, est)], cm, last=False)
     assert all([st.num_layers for st in p.pipelines[0].stages] == [6, 8, 9, 9] and p.micro_batch_size == 2
                for p, _ in base)
+
+
+def test_the_planner_pass_reshapes_each_plan_once(monkeypatch):
+    """Copies of one plan (the search, the seeds and the knobs each return it) take one of the best plans' places
+    in the reshaping, not three: the next distinct plan gets one (seed89/rob-003: Megatron's three lock-step
+    stages behind three copies of the best plan)."""
+    from arachne.planners.arachne.completion import modern
+
+    cm, plan = one_node_pipeline("L4", 2, 1, (6, 8, 9, 9))
+    other = with_micro_batch_size(plan, 2)
+    copies = [(plan.model_copy(), cm.estimate(plan)) for _ in range(3)]
+    seen: list[list[Plan]] = []
+
+    def spy(best, *a, **kw):
+        seen.append([p for p, _ in best])
+        return []
+
+    monkeypatch.setattr(modern, "_reshaped", spy)
+    monkeypatch.setattr(modern, "modernize", lambda p, e, *a, **kw: (p, e))
+    modern.modern_variants(copies + [(other, cm.estimate(other))], cm, deadline=Deadline(60.0), reshape_s=60.0)
+    assert len(seen) == 1 and len(seen[0]) == 2 and plan in seen[0] and other in seen[0]

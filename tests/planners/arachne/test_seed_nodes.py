@@ -88,3 +88,31 @@ def test_the_planner_passes_megatron_oblivious_on_deepseek_v3_over_five_types():
     runs = {name: run_planner(name, cl, model, job, cm, SearchBudget(time_budget_s=10.0), Legality.of("arachne"))
             for name in ("arachne", "megatron-oblivious")}
     assert runs["arachne"][1].tokens_per_s >= runs["megatron-oblivious"][1].tokens_per_s
+
+
+def test_a_lock_step_form_that_leaves_a_third_of_its_class_idle_is_priced_at_the_depth_that_fills_it(monkeypatch):
+    """104 GH200 and a batch of 1,024: one lock-step stage runs dp 64 (dp divides the batch), leaving 40 GPUs idle;
+    three stages of dp 32 use 96 (Megatron's grid on seed89/rob-003, GPT-OSS-120B). The walk one depth at a time
+    (1, 2, ...) ran out of the seeds' time before the third."""
+    from arachne.planners.arachne.seed_scope import lockstep_fill_depth
+
+    gh = [{"name": "g{i}", "count": 52, "gpu": "GH200", "gpus_per_node": 2}]
+    ctx = ctx_for(gh, model="GPT-OSS-120B", gbs=1024, seq=1024)
+    assert lockstep_fill_depth(ctx, 0, 1, 1) == 3
+    full = ctx_for([{"name": "g{i}", "count": 64, "gpu": "GH200", "gpus_per_node": 2}], "GPT-OSS-120B", 1024, 1024)
+    assert lockstep_fill_depth(full, 0, 1, 1) is None  # dp 128 at one stage: nothing idles
+    class Deeper(Exception):
+        pass
+
+    real = seeds.complete_seed
+
+    def first_deeper(tpl, *a, **k):  # the first lock-step form deeper than one stage ends the run
+        g = tpl.groups[0]
+        if len(tpl.groups) == 1 and g.replicas == 1 and g.slots[0].dp > 1 and len(g.slots) > 1:
+            raise Deeper(len(g.slots))
+        return real(tpl, *a, **k)
+
+    monkeypatch.setattr(seeds, "complete_seed", first_deeper)
+    with pytest.raises(Deeper) as deeper:
+        seeds.seed_plans(ctx, Deadline(60))
+    assert deeper.value.args[0] == 3

@@ -404,10 +404,17 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
         if i < top:
             firsts.append(better)
         i += 1
-    if last:  # the best plans now and the first starts as the knobs left them, each once
-        pick = {id(r[0]): r for r in sorted(out + results, key=lambda r: rank(r[1]))[:RESHAPE_PLANS] + firsts}
+    if last:  # the best plans now and the first starts as the knobs left them, each once (the search, the seeds
+        # and the knobs often return one plan as several objects; two plans can share a price)
+        pick: list[Priced] = []
+        for r in sorted(out + results, key=lambda r: rank(r[1])):
+            if len(pick) == RESHAPE_PLANS:
+                break
+            if all(r[0] != p for p, _ in pick):
+                pick.append(r)
+        pick += [r for i, r in enumerate(firsts) if all(r[0] != p for p, _ in pick + firsts[:i])]
         after = deadline if deadline is None or reshape_s is None else Deadline(reshape_s, deadline.clock, deadline.cap)
-        out += _reshaped(list(pick.values()), cost_model, legality, after, max_estimates, work)
+        out += _reshaped(pick, cost_model, legality, after, max_estimates, work)
     return out
 
 
