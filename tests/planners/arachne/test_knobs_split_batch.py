@@ -159,3 +159,28 @@ def test_the_planner_pass_reshapes_each_plan_once(monkeypatch):
     monkeypatch.setattr(modern, "modernize", lambda p, e, *a, **kw: (p, e))
     modern.modern_variants(copies + [(other, cm.estimate(other))], cm, deadline=Deadline(60.0), reshape_s=60.0)
     assert len(seen) == 1 and len(seen[0]) == 2 and plan in seen[0] and other in seen[0]
+
+
+def test_the_reshaping_gives_the_better_plans_the_larger_shares(monkeypatch):
+    """Shares of the reshaping's time fall with a plan's place (weights 1, 1/2, 1/3, ...; what a plan leaves goes to
+    the following ones): the best plan's split of 27 stages needed more than an equal fifth (seed80/rob-018)."""
+    from arachne.planners.arachne.completion import modern
+
+    cm, plan = one_node_pipeline("L4", 2, 1, (6, 8, 9, 9))
+    now, shares = [0.0], []
+
+    class Spy:  # each plan spends its whole share
+        def __init__(self, cost_model, model, ok, best, max_estimates, deadline, work):
+            shares.append(deadline.seconds)
+            now[0] += deadline.seconds
+            self.best = best
+
+        def even(self):
+            pass
+
+        def batch(self):
+            pass
+
+    monkeypatch.setattr(modern, "Knobs", Spy)
+    modern._reshaped([(plan, cm.estimate(plan))] * 3, cm, None, Deadline(11.0, lambda: now[0]), 60, None)
+    assert shares == pytest.approx([6.0, 3.0, 2.0])

@@ -420,14 +420,16 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
 
 def _reshaped(best: list[Priced], cost_model: CostModel, legality: Legality | None, deadline: Deadline | None,
               max_estimates: int, work: Work | None) -> list[Priced]:
-    """The reshaping knobs (the even split, larger micro-batches; each with what makes it fit) on ``best``, each
-    plan with an equal share of ``deadline``: the faster variants found. They run after the other knobs, on
+    """The reshaping knobs (the even split, larger micro-batches; each with what makes it fit) on ``best``, the
+    ``j``-th plan with a share of ``deadline`` weighted ``1 / (j + 1)`` (what one leaves goes to the following
+    ones; decision 0035): the faster variants found. They run after the other knobs, on
     the plans those made the best, so that the others' time and order stay as they were (decision 0033)."""
     out = []
+    weights = [1.0 / (j + 1) for j in range(len(best))]
     for j, (plan, est) in enumerate(best):
         if deadline is not None and deadline.expired():
             break
-        sub = deadline.child(deadline.remaining / (len(best) - j)) if deadline is not None else None
+        sub = deadline.child(deadline.remaining * weights[j] / sum(weights[j:])) if deadline is not None else None
         model = cost_model.resolve_model(plan)
         knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est), max_estimates,
                       sub, work)
