@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import platform
-import random
 import re
 import shlex
 import subprocess
@@ -399,11 +398,8 @@ from benchmarks.problems import (  # noqa: E402, F401
     grid_cluster,
     latency_clusters,
     random_case,
+    random_cases,
     triples_cluster,
 )
 
 
-def random_cases(seed: int, n: int = 30, node_sizes: tuple[int, ...] | None = None) -> list[RandomCase]:
-    """The first ``n`` random production-like cases of a sweep seed (as ``sweep run`` draws them)."""
-    rng = random.Random(seed)
-    return [random_case(rng, i, *([node_sizes] if node_sizes else [])) for i in range(n)]

@@ -108,6 +108,14 @@ def register(app: typer.Typer) -> None:
     def train_ranker_cmd(
         clusters: int = typer.Option(1500, "--clusters", min=2, help="training problems (cluster + model + job)"),
         val_clusters: int = typer.Option(150, "--val-clusters", min=1, help="validation problems"),
+        production: int = typer.Option(0, "--production", min=0,
+                                       help="also this many production-like problems (as the sweeps draw them), "
+                                            "a tenth more to validate"),
+        production_seed: int = typer.Option(1000, "--production-seed", min=1000,
+                                            help="their first seed, 30 problems per seed (hold-out sweeps: below "
+                                                 "1000)"),
+        pools: Path | None = typer.Option(None, "--pools", help="train from the pools an earlier run screened "
+                                          "(its ranker_pools.npz); the problem options are then the file's"),
         workers: int = typer.Option(1, "--workers", min=1, help="parallel workers (Ray when > 1)"),
         address: str | None = typer.Option(None, "--address", help="Ray cluster address (e.g. ray://head:10001)"),
         seed: int = typer.Option(11, "--seed"),
@@ -120,8 +128,16 @@ def register(app: typer.Typer) -> None:
         if install and add:
             raise InputError("", "--install/--add", "choose one (replace the shipped rankers, or add a member)")
         from arachne.planners.arachne.learned.ranker import RANKER_OUTPUTS
+        from arachne.planners.arachne.train.ranker import POOLS_FILE, Pools
 
-        _check_outputs(out, {}, RANKER_OUTPUTS, "--install" if install else "--add" if add else None)
+        _check_outputs(out, {"--pools": pools}, (*RANKER_OUTPUTS, POOLS_FILE),
+                       "--install" if install else "--add" if add else None)
+        screened = None
+        if pools is not None:
+            try:
+                screened = Pools.load(pools)
+            except (OSError, ValueError, KeyError) as e:
+                raise InputError(str(pools), "--pools", f"not a ranker_pools.npz file ({e})") from None
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -136,18 +152,22 @@ def register(app: typer.Typer) -> None:
             run_ranker_pipeline,
         )
 
-        cfg = RankerConfig(clusters=clusters, val_clusters=val_clusters, workers=workers, address=address, seed=seed,
+        cfg = RankerConfig(clusters=clusters, val_clusters=val_clusters, production=production,
+                           production_seed=production_seed, workers=workers, address=address, seed=seed,
                            train=TrainConfig(hidden=128, epochs=epochs, batch_decisions=64, tau=0.05, seed=seed))
+        total = 0 if screened is not None else clusters + val_clusters + production + (production and
+                                                                                     max(1, production // 10))
         with Progress(TextColumn("screening template pools"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console) as prog:
-            task = prog.add_task("pools", total=clusters + val_clusters)
+                      console=err_console, disable=screened is not None) as prog:
+            task = prog.add_task("pools", total=total)
             _, info = run_ranker_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
-                                          log=lambda s: err_console.print(s))
+                                          log=lambda s: err_console.print(s), pools=screened)
         curve = info["rounds"][-1]["curve"]
         best = min(curve, key=lambda r: r.get("val_loss", r["train_loss"]))
         console.print(f"trained on {info['training_problems']} pools, {info['templates']} templates; kept epoch "
                       f"{best['epoch']} (validation top-1 {best.get('val_top1', float('nan')):.2f}); "
-                      f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png")
+                      f"wrote {out}/ranker.npz, ranker_report.json, ranker_curve.png"
+                      f"{'' if screened is not None else ', ' + POOLS_FILE}")
         if install or add:
             from arachne.planners.arachne.learned.policy import weights_dir
             from arachne.planners.arachne.learned.ranker import install_ranker
@@ -155,6 +175,15 @@ def register(app: typer.Typer) -> None:
             target = weights_dir()
             n = install_ranker(out, target, add)
             console.print(f"installed into {target} as ranker member {n}")
+
+    def _production_row(rinfo: dict, rcfg: dict) -> str:
+        """How many of a ranker's training problems were production-like, from which seeds."""
+        n = rinfo.get("production_problems", 0)
+        if not n:
+            return "none"
+        first = rcfg.get("production_seed", 1000)
+        return (f"{n} (seeds {first}-{first + (rcfg.get('production', n) - 1) // 30}; every GPU type of the "
+                f"sweeps, those the policy holds out included)")
 
     @app.command("policy-info")
     @handle_errors
@@ -218,13 +247,15 @@ def register(app: typer.Typer) -> None:
             for k, v in (("trained", rinfo.get("trained_at", "?")),
                          ("problems / templates", f"{rinfo.get('training_problems')} / {rinfo.get('templates')}"),
                          ("seed", str(rcfg.get("seed"))),
+                         ("production-like problems", _production_row(rinfo, rcfg)),
                          ("policy ranked", (rinfo.get("policy_sha256") or "?")[:12]),
                          ("network", f"{len(member.layers)} layers, "
                                      f"{sum(w.size + b.size for w, b in member.layers):,} parameters, "
                                      f"input {member.mean.shape[0]} features"),
                          ("validation top-1 (kept epoch)", f"{kept.get('val_top1', float('nan')):.3f} "
                                                            f"(epoch {kept['epoch']})"),
-                         ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s")):
+                         ("training wall time", f"{rinfo.get('wall_time_s', 0):.0f} s" + (
+                             " (from pools screened before)" if "pools_screened_with_seed" in rinfo else ""))):
                 r.add_row(k, v)
             console.print(r)
         from arachne.planners.arachne.learned.policy import shipped_sha256
