@@ -115,7 +115,16 @@ class Pools:
 
     @classmethod
     def load(cls, path: Path) -> "Pools":
-        with np.load(path, allow_pickle=False) as z:
+        try:
+            archive = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            raise ValueError("not a NumPy .npz archive") from None
+        if not hasattr(archive, "files"):
+            raise ValueError("a single NumPy array, not an .npz archive")
+        with archive as z:
+            missing = [k for k in ("x", "values", "pool", "names", "val", "config") if k not in z.files]
+            if missing:
+                raise ValueError(f"no array named {missing[0]!r}")
             x, values, pool = z["x"], z["values"], z["pool"]
             if x.ndim != 2 or x.shape[1] != TEMPLATE_DIM or len(values) != len(x) or len(pool) != len(x):
                 raise ValueError(f"{TEMPLATE_DIM} features per template expected, got {x.shape}")

@@ -55,6 +55,16 @@ def test_pools_round_trip_and_split(tmp_path):
     assert [len(r.values) for r in train] == [3, 2] and [len(r.values) for r in val] == [5]
 
 
+def test_files_that_are_not_pools_are_refused_in_plain_words(tmp_path):
+    (tmp_path / "a.npz").write_text("name: not numpy")
+    np.save(tmp_path / "b.npy", np.zeros(3))
+    np.savez(tmp_path / "c.npz", x=np.zeros((1, TEMPLATE_DIM)))
+    for name, words in (("a.npz", "not a NumPy .npz archive"), ("b.npy", "single NumPy array"),
+                        ("c.npz", "no array named 'values'")):
+        with pytest.raises(ValueError, match=words):
+            Pools.load(tmp_path / name)
+
+
 def test_pools_of_another_feature_width_are_refused(tmp_path):
     np.savez(tmp_path / "p.npz", x=np.zeros((4, TEMPLATE_DIM - 1), np.float32), values=np.ones(4),
              pool=np.zeros(4, int), names=np.array(["a"]), val=np.array([False]), config=np.array("{}"))
