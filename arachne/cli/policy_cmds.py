@@ -181,8 +181,11 @@ def register(app: typer.Typer) -> None:
         n = rinfo.get("production_problems", 0)
         if not n:
             return "none"
+        from arachne.planners.arachne.train.production import CASES_PER_SEED
+
         first = rcfg.get("production_seed", 1000)
-        return (f"{n} (seeds {first}-{first + (rcfg.get('production', n) - 1) // 30}; every GPU type of the "
+        last = first + (rcfg.get("production", n) - 1) // CASES_PER_SEED
+        return (f"{n} (seeds {first}-{last}; every GPU type of the "
                 f"sweeps, those the policy holds out included)")
 
     @app.command("policy-info")

@@ -44,6 +44,7 @@ from arachne.planners.arachne.train.problems import (
     random_problem,
 )
 from arachne.planners.arachne.train.production import (
+    CASES_PER_SEED,
     TRAINING_SEEDS_FROM,
     production_problems,
 )
@@ -129,6 +130,8 @@ class Pools:
             if x.ndim != 2 or x.shape[1] != TEMPLATE_DIM or len(values) != len(x) or len(pool) != len(x):
                 raise ValueError(f"{TEMPLATE_DIM} features per template expected, got {x.shape}")
             n = len(z["names"])
+            if len(z["val"]) != n or (len(pool) and (pool.min() < 0 or pool.max() >= n or np.any(np.diff(pool) < 0))):
+                raise ValueError(f"{n} pools named, but their rows or validation flags do not match")
             starts = np.searchsorted(pool, np.arange(n + 1))
             records = [Record(x[starts[i]:starts[i + 1]], values[starts[i]:starts[i + 1]]) for i in range(n)]
             return cls(records, [str(s) for s in z["names"]], [bool(v) for v in z["val"]],
@@ -144,7 +147,8 @@ def _problems(cfg: RankerConfig) -> list[tuple[str, Problem, bool]]:
     if cfg.production:
         n_val = max(1, cfg.production // 10)
         probs = production_problems(cfg.production + n_val, cfg.production_seed)
-        out += [(f"production/{cfg.production_seed + i // 30}/{p.cluster_doc['name']}", p, i >= cfg.production)
+        out += [(f"production/{cfg.production_seed + i // CASES_PER_SEED}/{p.cluster_doc['name']}", p,
+                 i >= cfg.production)
                 for i, p in enumerate(probs)]
     return out
 

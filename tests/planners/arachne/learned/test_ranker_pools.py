@@ -65,6 +65,14 @@ def test_files_that_are_not_pools_are_refused_in_plain_words(tmp_path):
             Pools.load(tmp_path / name)
 
 
+def test_pools_whose_rows_do_not_match_their_names_are_refused(tmp_path):
+    x = np.zeros((3, TEMPLATE_DIM), np.float32)
+    np.savez(tmp_path / "p.npz", x=x, values=np.ones(3), pool=np.array([0, 1, 5]), names=np.array(["a", "b"]),
+             val=np.array([False, True]), config=np.array("{}"))
+    with pytest.raises(ValueError, match="do not match"):
+        Pools.load(tmp_path / "p.npz")
+
+
 def test_pools_of_another_feature_width_are_refused(tmp_path):
     np.savez(tmp_path / "p.npz", x=np.zeros((4, TEMPLATE_DIM - 1), np.float32), values=np.ones(4),
              pool=np.zeros(4, int), names=np.array(["a"]), val=np.array([False]), config=np.array("{}"))
