@@ -1,5 +1,6 @@
 """The problems the benchmarks plan: the planners grid (25 cases), the random production-like clusters of
-the robustness sweeps, and clusters built from (GPU, nodes, GPUs per node) triples (the latency tiers).
+the robustness sweeps (drawn in ``arachne/planners/arachne/train/production.py``, which the ranker's training
+shares; re-exported here), and clusters built from (GPU, nodes, GPUs per node) triples (the latency tiers).
 
 Shared by every subcommand through :mod:`benchmarks.common`; changing a generator changes every sweep drawn
 after it, so the stored sweeps keep their clusters (``benchmarks/stored/``) instead of re-drawing them.
@@ -12,17 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from arachne.planners.arachne.train.production import (  # noqa: F401  (re-exported for the benchmarks)
-    BOARD_GPUS,
-    CUSTOM_PRODUCTS,
-    GPU_POOL,
-    MAX_GPUS,
     NODE_SIZES,
-    SWEEP_MODELS,
     RandomCase,
-    model_state_bytes,
     random_case,
     random_cases,
-    random_custom_type,
 )
 from arachne.spec.cluster import Cluster, cluster_from_dict
 from arachne.spec.job import Job
