@@ -21,7 +21,8 @@ from arachne.spec.model import ModelSpec
 
 @dataclass(frozen=True)
 class DeviceClass:
-    """Nodes that are interchangeable for planning: same GPU type, node size and network."""
+    """Nodes that are interchangeable for planning: same GPU type, node size, NIC bandwidth and intra-node link
+    (a node's `intra_node_gbps` override: a PCIe board of a type the catalog knows on NVLink is another class)."""
 
     index: int
     gpu: GPUType
@@ -64,10 +65,11 @@ def device_classes(cluster: Cluster, precision: str = "bf16", parts: bool = True
     gpus: dict[tuple, GPUType] = {}
     for n in cluster.nodes:
         for off, size in node_parts(n.num_gpus) if parts else [(0, n.num_gpus)]:
-            key = (n.gpu.name, size, n.inter_node_bw)
+            key = (n.gpu.name, size, n.inter_node_bw, n.intra_node_bw)
             groups.setdefault(key, []).append((n.name, off))
             gpus[key] = n.gpu
-    keys = sorted(groups, key=lambda k: (-gpus[k].peak_flops(precision), -gpus[k].memory_gb, -k[1], -k[2], k[0]))
+    keys = sorted(groups, key=lambda k: (-gpus[k].peak_flops(precision), -gpus[k].memory_gb, -k[1], -k[2], -k[3],
+                                         k[0]))
     kin: dict[str, list[tuple[int, int, int]]] = {}
     for i, k in enumerate(keys):
         kin.setdefault(k[0], []).append((i, k[1] * len(groups[k]), k[1]))

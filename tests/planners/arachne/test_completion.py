@@ -418,3 +418,29 @@ def test_stages_with_tensor_parallelism_are_built_and_sized_with_sequence_parall
         assert any(st.tp > 1 for st in stages) and all(st.sequence_parallel == (st.tp > 1) for st in stages)
         got[sp] = est.tokens_per_s
     assert got[True] > 1.1 * got[False]
+
+
+def test_the_split_reads_tp_traffic_from_each_nodes_own_links():
+    """A node's ``intra_node_gbps`` (here H200 boards on 32 GB/s PCIe beside NVLink ones) is what the layer
+    split's per-block TP time charges, the all-reduce a stage's pricing charges on that node; nodes of one GPU
+    type that differ only in that link are separate device classes."""
+    from arachne.planners.arachne.context import PlanningContext
+
+    cluster = cluster_from_dict({"name": "two-links", "nodes": [
+        {"name": "pcie-{i}", "count": 2, "gpu": "H200-SXM-141GB", "gpus_per_node": 8, "intra_node_gbps": 32},
+        {"name": "nv-{i}", "count": 2, "gpu": "H200-SXM-141GB", "gpus_per_node": 8}]})
+    model = model_catalog().get("LLaMA-2-7B")
+    cm = CostModel(cluster)
+    ctx = PlanningContext(cluster, model, Job(global_batch_size=64, sequence_length=2048), cm)
+    assert [c.nodes for c in ctx.classes] == [("nv-0", "nv-1"), ("pcie-0", "pcie-1")]  # the faster link first
+    nbytes = 2048 * model.hidden_size * 2
+    blocks = []
+    for c in ctx.classes:
+        node = c.nodes[0]
+        block = cm.tp_block_time_in(node, 4, nbytes)
+        assert block == pytest.approx(2 * cm.network.all_reduce_time([f"{node}:{i}" for i in range(4)], nbytes))
+        blocks.append(block)
+    assert blocks[1] > 3 * blocks[0]
+    L = model.num_layers
+    nv, pcie = (ctx.slot_profile(i, 4, 1, 1, 1, 2, 1, False).time_prefix[L] for i in (0, 1))
+    assert (pcie - nv) / L == pytest.approx(2 * (blocks[1] - blocks[0]), rel=1e-9)  # forward and backward
