@@ -169,11 +169,6 @@ class CostModel(SyncMixin, PipelineMixin):
         lat = self.cal.network.intra_node_latency_s
         return 2 * (2 * (tp - 1) / tp * nbytes / bw + 2 * (tp - 1) * lat)
 
-    def tp_block_time_in(self, node: str, tp: int, nbytes: float) -> float:
-        """Forward TP traffic of one block (two all-reduces) of a tp group inside the cluster's node ``node``, as
-        a stage's pricing charges it (the node's own links: an ``intra_node_gbps`` override, NVLink SHARP)."""
-        return 2 * self.network.ring_all_reduce_time(tp, {node: tp}, nbytes) if tp > 1 else 0.0
-
     # ---- per stage ------------------------------------------------------------------------------
     def _layout_signature(self, st: Stage) -> tuple:
         """What a stage's time depends on besides its shape: which of its devices share a node (nodes

@@ -169,6 +169,11 @@ class Network:
             t = min(t, nbytes / min(chain, self._node_bw(nodes, concurrent)) + lat)
         return t
 
+    def tp_block_time(self, node: str, tp: int, nbytes: float) -> float:
+        """Forward TP traffic of one block (two all-reduces) of a tp group inside node ``node``, as a stage's pricing
+        charges it (the node's own links: an ``intra_node_gbps`` override, NVLink SHARP)."""
+        return 2 * self.ring_all_reduce_time(tp, {node: tp}, nbytes) if tp > 1 else 0.0
+
     def all_gather_time(self, devices, nbytes: float, concurrent: int = 1, algorithm: str | None = None) -> float:
         """Ring all-gather whose result is ``nbytes`` on each member (nccl-tests ``size``); ``algorithm="nvls"``
         prices NVLink SHARP (``NCCL_ALGO=NVLS``) where the board has it."""

@@ -176,7 +176,7 @@ class PlanningContext:
         if recompute:
             per = per + fwd
         if tp > 1 and not lc.includes_tp_comm:
-            tpc = cm.tp_block_time_in(self.classes[cls].nodes[0], tp, b * seq * m.hidden_size * act_bytes(prec))
+            tpc = cm.network.tp_block_time(self.classes[cls].nodes[0], tp, b * seq * m.hidden_size * act_bytes(prec))
             per = per + tpc * (3 if recompute else 2)
             fwd = fwd + tpc
         if ep > 1:

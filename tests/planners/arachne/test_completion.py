@@ -437,7 +437,7 @@ def test_the_split_reads_tp_traffic_from_each_nodes_own_links():
     blocks = []
     for c in ctx.classes:
         node = c.nodes[0]
-        block = cm.tp_block_time_in(node, 4, nbytes)
+        block = cm.network.tp_block_time(node, 4, nbytes)
         assert block == pytest.approx(2 * cm.network.all_reduce_time([f"{node}:{i}" for i in range(4)], nbytes))
         blocks.append(block)
     assert blocks[1] > 3 * blocks[0]
