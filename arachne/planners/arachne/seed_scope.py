@@ -25,10 +25,10 @@ from arachne.planners.arachne.template import (
 EQUAL_SHARE_SUBSETS = 2
 """Class subsets whose GPUs divide the batch evenly, seeded as one data-parallel stage (:func:`equal_share_subsets`)."""
 EQUAL_SHARE_TYPES = 2
-"""GPU types seeded first, at tp 1 and one stage, by :func:`equal_share_types`' quick guess: the guess ranks a type
-whose gradient sync crosses nodes too slow (fresh hold-out seed88/rob-023, LLaMA-3-8B at a batch of 32: 16 A800 in
-two nodes guessed 0.94 s, priced 0.29 s; 8 A100 in one node guessed 0.66 s, priced 0.50 s), so the best two are
-priced, the second only within :data:`EQUAL_SHARE_BAND` of the first."""
+"""GPU types seeded first, in one stage (at tp 1 or the tp :func:`spare_tps` gives), by :func:`equal_share_types`'
+quick guess: the guess ranks a type whose gradient sync crosses nodes too slow (fresh hold-out seed88/rob-023,
+LLaMA-3-8B at a batch of 32: 16 A800 in two nodes guessed 0.94 s, priced 0.29 s; 8 A100 in one node guessed 0.66 s,
+priced 0.50 s), so the best two are priced, the second only within :data:`EQUAL_SHARE_BAND` of the first."""
 EQUAL_SHARE_BAND = 1.5
 """How much slower than the first the guess may put the second type seeded first: its seed costs the family's
 other seeds time (at 1.62x and 1.69x, odd112/rob-018 and the grid's hopper-ampere-512/DeepSeek-MoE-16B lost 7% and
@@ -107,35 +107,51 @@ def share_time(ctx: PlanningContext, classes: Sequence[int], n: int, tp: int, st
         n, nodes, ctx.model.num_params * grad_b / (stages * tp), max(nodes.values()))
 
 
-def equal_share_types(ctx: PlanningContext, guesses: bool = False) -> list:
-    """The classes of each GPU type that holds the model at tp 1 and one stage, fastest first by how fast it trains
-    with the batch shared evenly over its GPUs so: the most of them whose number divides the batch, each its share
-    of sequences (the depth rule's quick guess: its first class's profile, one sequence at a time) and the
-    gradients all-reduced over their nodes (``guesses``: as (classes, guessed seconds) pairs). The family reaches
-    a type alone only after the incumbent's types and all classes together, at every tp and depth; on a large
-    cluster of many types its time can run out first, while Megatron's grid over that type (data parallel over 32
-    of 40 H100 for a batch of 128, a fresh hold-out) is the plan to beat."""
+def spare_tps(ctx: PlanningContext, classes: Sequence[int]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(tp, replicas, classes) at which a GPU type (``classes``) shares the batch evenly: tp 1 with the most replicas
+    whose number divides the batch, and each wider tp inside its nodes that keeps that many replicas (the batch caps
+    them; the GPUs it leaves idle at tp 1 go to tp: Megatron's grid runs Qwen3-30B-A3B at a batch of 32 on 128
+    A800 at tp 4 x dp 32, not on 32 of them at tp 1), each on the type's classes whose nodes hold it."""
     gbs = ctx.job.global_batch_size
+    out: list[tuple[int, int, tuple[int, ...]]] = []
+    for tp in tp_options(ctx.model, max(ctx.classes[i].node_size for i in classes)):
+        fit = tuple(i for i in classes if tp_fits_node(tp, ctx.classes[i].node_size))
+        n = max((d for d in range(1, sum(ctx.classes[i].count for i in fit) // tp + 1) if gbs % d == 0), default=0)
+        if n and (not out or n == out[0][1]):
+            out.append((tp, n, fit))
+    return out
+
+
+def equal_share_types(ctx: PlanningContext, guesses: bool = False) -> list:
+    """The classes of each GPU type that holds the model in one stage, fastest first by how fast it trains with the
+    batch shared evenly over its GPUs so: the most of them whose number divides the batch, at tp 1 or at a wider tp
+    that puts the GPUs the batch leaves idle to work (:func:`spare_tps`), each its share of sequences (the depth
+    rule's quick guess: its first class's profile, one sequence at a time) and the gradients all-reduced over
+    their nodes (``guesses``: as (classes, guessed seconds, tp) triples, the tp guessed fastest). The family
+    reaches a type alone only after the incumbent's types and all classes together, at every tp and depth; on a
+    large cluster of many types its time can run out first, while Megatron's grid over that type (data parallel
+    over 32 of 40 H100 for a batch of 128, a fresh hold-out) is the plan to beat."""
     ep = ep_options(ctx.model, 1)[-1]
+    ranked = []
+    for v in gpu_types(ctx).values():
+        held = [(share_time(ctx, fit, n, tp, 1, ep), tp) for tp, n, fit in spare_tps(ctx, v)
+                if holds_state(ctx, tuple(v), tp, 1)]
+        if held:
+            t, tp = min(held)
+            ranked.append((tuple(v), t, tp))
+    ranked.sort(key=lambda x: x[1])
+    return ranked if guesses else [v for v, _, _ in ranked]
 
-    def step(v: list[int]) -> float:
-        n = max(d for d in range(1, sum(ctx.classes[i].count for i in v) + 1) if gbs % d == 0)
-        return share_time(ctx, v, n, 1, 1, ep)
 
-    held = [tuple(v) for v in gpu_types(ctx).values() if holds_state(ctx, tuple(v), 1, 1)]
-    ranked = sorted(((v, step(list(v))) for v in held), key=lambda x: x[1])
-    return ranked if guesses else [v for v, _ in ranked]
-
-
-def equal_share_seeded(ctx: PlanningContext) -> list[tuple[int, ...]]:
-    """The types :func:`equal_share_types` seeds first: the best, and up to :data:`EQUAL_SHARE_TYPES` in all whose
-    guess is within :data:`EQUAL_SHARE_BAND` of the best's."""
+def equal_share_seeded(ctx: PlanningContext) -> list[tuple[tuple[int, ...], int]]:
+    """(classes, tp) of the types :func:`equal_share_types` seeds first, at the tp it guessed fastest: the best, and
+    up to :data:`EQUAL_SHARE_TYPES` in all whose guess is within :data:`EQUAL_SHARE_BAND` of the best's."""
     ranked = equal_share_types(ctx, guesses=True)  # (each guess once: the work clock counts its profile calls)
-    return [v for v, t in ranked[:EQUAL_SHARE_TYPES] if t <= EQUAL_SHARE_BAND * ranked[0][1]]
+    return [(v, tp) for v, t, tp in ranked[:EQUAL_SHARE_TYPES] if t <= EQUAL_SHARE_BAND * ranked[0][1]]
 
 
 def equal_share_type(ctx: PlanningContext) -> tuple[int, ...] | None:
-    """The first of :func:`equal_share_types` (None: no type holds the model at tp 1 and one stage)."""
+    """The first of :func:`equal_share_types` (None: no type holds the model in one stage)."""
     return next(iter(equal_share_types(ctx)), None)
 
 

@@ -69,6 +69,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     recompute_share,
     seed_depths,
     share_time,
+    spare_tps,
     tp_order,
     uniform_nodes,
     unrecomputed,
@@ -387,15 +388,14 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             found, lead, reps = found + got, max(got, key=lambda r: r[1].tokens_per_s)[1], reps // 2
         return found
 
-    def wider_tp(subset: tuple[int, ...], priced_as_is: list[Priced]) -> list[Priced]:
-        """The type-first seed (one stage, tp 1) at tp 2, 4, ... inside its nodes: until one fits where tp 1 does
-        not, then again while that prices faster and only while its exposed gradient sync is
+    def wider_tp(subset: tuple[int, ...], priced_as_is: list[Priced], tp: int = 2) -> list[Priced]:
+        """The type-first seed (one stage) at ``tp``, twice that, ... inside its nodes: until one fits where the
+        narrower does not, then again while that prices faster and only while its exposed gradient sync is
         :data:`FEWER_REPLICAS_SYNC` of its compute (each GPU then reduces 1/tp of the gradients; Megatron's grid on
         odd106-rerun/rob-006: GPT-3-6.7B, a batch of 64 x 512, one stage of tp 4 x dp 16 on 64 A100-40 of 360
         GPUs, where tp 1 does not fit)."""
         lead = max(priced_as_is, key=lambda r: r[1].tokens_per_s)[1] if priced_as_is else None
         found: list[Priced] = []
-        tp = 2
         while not deadline.expired() and (lead is None or lead.breakdown.get("dp_sync_exposed_s", 0.0) >=
                                           FEWER_REPLICAS_SYNC * lead.breakdown["compute_s"]):
             tpl = uniform_template(ctx, subset, tp, 1)
@@ -412,10 +412,11 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     priced: dict = {}  # lock-step forms priced to choose a type's class (lockstep_class)
     whole: set[Template] = set()  # the deep pipelines with every expert whole already priced (unsharded)
     # first, on several types, the ones that share the batch best, as Megatron's data parallelism would
-    for best in equal_share_seeded(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else ():
-        out += complete_all([lockstep_template(ctx, best, 1, 1, priced)], quick=True)
-        uniform = complete_all([uniform_template(ctx, best, 1, 1)], quick=True)
-        out += uniform + fewer_replicas(best, uniform) + wider_tp(best, uniform)
+    # (at tp 1, or at the wider tp that puts the GPUs a small batch leaves idle to work: seed_scope.spare_tps)
+    for best, tp in equal_share_seeded(ctx) if multiple == 1 and len(gpu_types(ctx)) > 1 else ():
+        out += complete_all([lockstep_template(ctx, best, tp, 1, priced)], quick=True)
+        uniform = complete_all([uniform_template(ctx, best, tp, 1)], quick=True)
+        out += uniform + (fewer_replicas(best, uniform) if tp == 1 else []) + wider_tp(best, uniform, 2 * tp)
     def around_pass() -> list[Priced]:
         """The grid next to a one-type incumbent (``around``), within :data:`AROUND_SHARE` of the time left (an MoE
         model's in its lock-step form, its experts parallel)."""

@@ -458,10 +458,10 @@ def test_the_two_types_the_equal_share_guess_ranks_first_are_both_seeded_first()
     ranked = seeds.equal_share_types(ctx)
     names = [ctx.classes[v[0]].gpu.name for v in ranked[:seeds.EQUAL_SHARE_TYPES]]
     assert names[0].startswith("A100") and names[1].startswith("A800")
-    assert seeds.equal_share_type(ctx) == ranked[0] and seeds.equal_share_seeded(ctx) == ranked[:2]
+    assert seeds.equal_share_type(ctx) == ranked[0] and seeds.equal_share_seeded(ctx) == [(v, 1) for v in ranked[:2]]
     slow = ctx_for([("A800", 2, 8, 100), ("A100-80", 1, 8, 3.125), ("L40S", 2, 4, 12.5)], model="LLaMA-3-8B", gbs=32,
                    seq=512)  # the A800 guessed more than 1.5x slower: only the first is seeded first
-    assert seeds.equal_share_seeded(slow) == seeds.equal_share_types(slow)[:1]
+    assert seeds.equal_share_seeded(slow) == [(seeds.equal_share_types(slow)[0], 1)]
     cm = ctx.cost_model
     out = seeds.seed_plans(ctx, Deadline(6, lambda: float(cm.estimates)))  # the first few estimates only
     a800 = [e.tokens_per_s for p, e in out if {ctx.cluster.devices[d].gpu.name for d in p.devices} == {"A800-SXM4-80GB"}]
@@ -597,7 +597,7 @@ def test_the_type_first_seed_widens_its_tp_where_tp_1_does_not_fit_or_its_sync_d
     cl = cluster_from_dict(ROB006)
     ctx = PlanningContext(cl, model_catalog().get("GPT-3-6.7B"), Job(global_batch_size=64, sequence_length=512),
                           CostModel(cl))
-    best = seeds.equal_share_seeded(ctx)[0]
+    best, _ = seeds.equal_share_seeded(ctx)[0]
     assert {ctx.classes[i].gpu.name for i in best} == {"A100-SXM4-40GB"}
     tp1 = seeds.uniform_template(ctx, best, 1, 1)
     assert not any(seeds.complete_seed(tp1, ctx, mbs, lambda _p: True) for mbs in (1, 2, 4))  # tp 1 does not fit
@@ -731,3 +731,19 @@ def test_the_equal_share_subsets_come_right_after_the_incumbents_own_tp(monkeypa
     other_tp = next(i for i, (_, tp) in enumerate(order) if tp != order[0][1])
     for sub in subsets:  # each before the walk's second tp degree
         assert order.index(next(x for x in order if x[0] == sub)) < other_tp
+
+
+def test_a_type_the_batch_leaves_idle_at_tp_1_is_seeded_first_at_the_tp_that_puts_it_to_work():
+    """fresh hold-out seed143/rob-013 (Qwen3-30B-A3B, a batch of 32 x 4,096; 0.963x Megatron's grid): Megatron runs
+    the 128 A800 alone at tp 4 x dp 32, arachne ran 32 of 56 H100 at tp 1 (the batch caps the replicas at 32). The
+    quick guess now weighs each type at the tp that keeps 32 replicas and uses its idle GPUs."""
+    ctx = ctx_for([("H100", 7, 8, 400), ("H20", 6, 8, 200), ("A800", 16, 8, 200)], model="Qwen3-30B-A3B", gbs=32,
+                  seq=4096)
+    a800 = tuple(c.index for c in ctx.classes if c.gpu.name.startswith("A800"))
+    assert [(tp, n) for tp, n, _ in seeds.spare_tps(ctx, a800)] == [(1, 32), (2, 32), (4, 32)]  # tp 8: 16 replicas
+    (best, tp), *_ = seeds.equal_share_seeded(ctx)
+    assert best == a800 and tp == 4
+    cm = ctx.cost_model
+    out = seeds.seed_plans(ctx, Deadline(3, lambda: float(cm.estimates)))  # the first few estimates only
+    top = max(out, key=lambda r: r[1].tokens_per_s)[0]
+    assert {st.tp for q in top.pipelines for st in q.stages} == {4} and len(top.devices) == 128
