@@ -11,7 +11,10 @@ from arachne.errors import InputError
 if TYPE_CHECKING:
     from arachne.spec.model import ModelSpec
 
-MAX_GLOBAL_BATCH_SIZE = 10**9  # sequences per iteration; far above any real job, and keeps planning bounded
+MAX_GLOBAL_BATCH_SIZE = 10**6
+"""Sequences per iteration, at most: far above any real job (16M tokens is 2,048 sequences of 8,192). Planning
+holds a few lists as long as the batch: 10^6 costs a replan about 0.1 GB, 10^8 2.3 GB, 10^9 did not fit in 24 GB."""
+
 Precision = Literal["bf16", "fp16", "fp32"]
 """A precision every GPU trains in: the one a plan is built in (fp8 is an option on top of bf16)."""
 PRECISIONS: tuple[str, ...] = get_args(Precision)

@@ -379,3 +379,14 @@ def test_every_reader_refuses_hostile_documents_in_one_line(tmp_path_factory, da
     assert files_under(root) == before, f"{cmd} wrote a file"
     assert elapsed < 5, f"{cmd} took {elapsed:.1f} s"
     assert "hostile" in line, line  # the line names the file
+
+
+@pytest.mark.parametrize("gbs", [10**6 + 1, 10**9])
+def test_a_plan_with_a_batch_past_the_bound_is_refused_before_planning(tmp_path, gbs):
+    """A replan reads its batch from the plan: at 10^9 sequences planning held 24 GB (the hostile-document test
+    drew it once and was killed); the bound is 10^6, refused in one line naming the file and field."""
+    f = inputs(tmp_path, plan=dumps(replaced(BASE["plan"], ("global_batch_size",), gbs)).encode(),
+               plan_name="hostile.json")
+    res = invoke(*COMMANDS["replan"](f))
+    line = one_error_line(res)
+    assert "hostile" in line and "global_batch_size" in line, line
