@@ -98,12 +98,22 @@ def simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], send_fwd: tuple[flo
     return max(free)
 
 
+def periodic_lengths(num_stages: int, virtual_stages: int = 1) -> tuple[int, int]:
+    """The two run lengths (micro-batches) a long schedule is extrapolated from: by the first the timeline is
+    periodic (a transient of a few pipeline depths), the second is twice it. An interleaved pipeline's are
+    multiples of its stages (it runs micro-batches in groups of S)."""
+    S, v = num_stages, virtual_stages
+    if v == 1:
+        m1 = max(48, 6 * S + 16)
+    else:
+        m1 = S * max(1, -(-max(48, 6 * S * v + 16) // S))
+    return m1, 2 * m1
+
+
 def pipeline_time(fwd: tuple[float, ...], bwd: tuple[float, ...], send_fwd: tuple[float, ...],
                   send_bwd: tuple[float, ...], m: int, schedule: str = "1f1b") -> float:
     """Makespan for ``m`` micro-batches; long runs extrapolated from the periodic regime."""
-    S = len(fwd)
-    m1 = max(48, 6 * S + 16)
-    m2 = 2 * m1
+    m1, m2 = periodic_lengths(len(fwd))
     if m <= m2:
         return _cached(fwd, bwd, send_fwd, send_bwd, m, schedule)
     t1 = _cached(fwd, bwd, send_fwd, send_bwd, m1, schedule)
@@ -233,9 +243,7 @@ def interleaved_time(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[float,
                      m: int) -> float:
     """Makespan for ``m`` micro-batches (a multiple of S); long runs extrapolated from two shorter
     simulations once periodic, as :func:`pipeline_time` does."""
-    S, v = len(fwd), len(fwd[0])
-    m1 = S * max(1, -(-max(48, 6 * S * v + 16) // S))
-    m2 = 2 * m1
+    m1, m2 = periodic_lengths(len(fwd), len(fwd[0]))
     if m <= m2:
         return _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m)
     t1 = _cached_interleaved(fwd, bwd, send_fwd, send_bwd, m1)
@@ -252,11 +260,12 @@ def interleaved_in_flight(stage: int, num_stages: int, v: int, m: int, paired: b
     """Per chunk, the micro-batches whose activations stage ``stage`` holds at its peak (the end of its
     warm-up plus the first steady forward: ``(S - s - 1) * 2 + (v - 1) * S + 1`` chunk forwards, as
     Megatron's interleaved schedule runs them; the first stage holds the most). ``paired`` (the plan's
-    ``overlap_moe_comm``): Megatron-Core's combined 1F1B warms up with one more chunk forward."""
-    ops = interleaved_ops(num_stages, v, m)[stage]
-    w = min((num_stages - stage - 1) * 2 + (v - 1) * num_stages + 1 + (1 if paired else 0), m * v)
+    ``overlap_moe_comm``): Megatron-Core's combined 1F1B warms up with one more chunk forward.
+    The forwards run in :func:`interleaved_ops`'s order (the k-th runs chunk ``(k // S) % v``), so the count
+    reads the first ones off that order, in time independent of ``m``."""
+    S = num_stages
+    w = min((S - stage - 1) * 2 + (v - 1) * S + 1 + (1 if paired else 0), m * v)
     counts = [0] * v
-    for kind, c, _ in ops[: 2 * w]:
-        if kind == FWD and sum(counts) < w:
-            counts[c] += 1
+    for k in range(w):
+        counts[(k // S) % v] += 1
     return tuple(counts)

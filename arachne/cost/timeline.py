@@ -3,8 +3,11 @@
 The cost model (``schedule.simulate``, ``schedule.simulate_interleaved``) only keeps each pipeline's
 makespan. This module runs the same simulators with their ``record`` list on, on the per-micro-batch times
 the estimate priced (``StageEstimate.fwd_s``, ``bwd_s``, ``send_fwd_s``, ``send_bwd_s``; per chunk for an
-interleaved pipeline), and turns what they record into events. It never extrapolates: every micro-batch is
-simulated.
+interleaved pipeline), and turns what they record into events. A pipeline of up to :data:`MAX_SIMULATED`
+micro-batches is simulated micro-batch by micro-batch; a longer one as the cost model prices it, from the
+second of its two extrapolation runs (``schedule.periodic_lengths``), with its periodic middle stretched
+(:func:`steady_timeline`): the micro-batches not simulated form steady-state spans the timeline reports (its
+``steady``). The figure then costs the same for any batch, and its makespan is the estimate's.
 """
 
 from __future__ import annotations
@@ -12,13 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from arachne.cost.schedule import FWD, simulate, simulate_interleaved
+from arachne.cost.schedule import (
+    FWD,
+    interleaved_time,
+    periodic_lengths,
+    pipeline_time,
+    simulate,
+    simulate_interleaved,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from arachne.cost.model import CostModel, Estimate
     from arachne.plan import Plan
 
 KINDS = ("fwd", "bwd", "send")
+MAX_SIMULATED = 512  # micro-batches a timeline simulates one by one; beyond, the steady state is cut
 
 
 @dataclass(frozen=True)
@@ -37,12 +48,15 @@ class Event:
 
 @dataclass(frozen=True)
 class PipelineTimeline:
-    """One pipeline's events and its schedule time (the last event's end)."""
+    """One pipeline's events and its schedule time (the last event's end). ``steady``: for a long pipeline
+    (:func:`steady_timeline`), the spans (stage, start, end, micro-batches) of its steady state whose events are
+    not listed (the stage repeats the pattern either side of each); empty when every micro-batch's are."""
 
     pipeline: int
     micro_batches: int
     events: tuple[Event, ...]
     makespan: float
+    steady: tuple[tuple[int, float, float, int], ...] = ()
 
 
 def _events(record: list, num_stages: int) -> list[Event]:
@@ -61,17 +75,68 @@ def pipeline_events(fwd: tuple[float, ...] | list[float], bwd: tuple[float, ...]
                     m: int, schedule: str = "1f1b") -> list[Event]:
     """Every operation of one pipeline of ``len(fwd)`` stages running ``m`` micro-batches, as
     ``schedule.simulate`` runs them (per stage, in time order). Arguments as for ``simulate``."""
-    record: list = []
-    simulate(tuple(fwd), tuple(bwd), tuple(send_fwd), tuple(send_bwd), m, schedule, record)
-    return _events(record, len(fwd))
+    return _events(_record(fwd, bwd, send_fwd, send_bwd, m, schedule), len(fwd))
 
 
 def interleaved_events(fwd, bwd, send_fwd, send_bwd, m: int) -> list[Event]:
     """:func:`pipeline_events` of an interleaved pipeline: ``fwd[s][c]`` etc. per stage and chunk, as for
     ``schedule.simulate_interleaved``; events carry their chunk."""
+    return _events(_record(fwd, bwd, send_fwd, send_bwd, m, "interleaved"), len(fwd))
+
+
+def _record(fwd, bwd, send_fwd, send_bwd, m: int, schedule: str) -> list:
     record: list = []
-    simulate_interleaved(fwd, bwd, send_fwd, send_bwd, m, record)
-    return _events(record, len(fwd))
+    if schedule == "interleaved":
+        simulate_interleaved(fwd, bwd, send_fwd, send_bwd, m, record)
+    else:
+        simulate(tuple(fwd), tuple(bwd), tuple(send_fwd), tuple(send_bwd), m, schedule, record)
+    return record
+
+
+def _period(starts: dict, stage: int, kind: int, lo: int, hi: int) -> float:
+    """Seconds per micro-batch between the starts of ``stage``'s ``kind`` operations on micro-batches lo and hi."""
+    return (starts[stage, kind, hi] - starts[stage, kind, lo]) / (hi - lo)
+
+
+def steady_timeline(fwd, bwd, send_fwd, send_bwd, m: int, schedule: str = "1f1b",
+                    ) -> tuple[list[Event], tuple[tuple[int, float, float, int], ...]]:
+    """The events of a pipeline of ``m`` micro-batches with its steady state cut, and the steady spans
+    (stage, start, end, micro-batches) whose operations are not listed. ``schedule``: ``1f1b``, ``gpipe`` or
+    ``interleaved`` (then ``fwd[s][c]`` etc. per chunk). Up to :data:`MAX_SIMULATED` micro-batches (or the
+    cost model's second extrapolation run, if longer) nothing is cut. Else that run is simulated and its
+    periodic middle stretched: for 1F1B (plain or interleaved), whose stages keep a fixed distance, every
+    operation from the run's middle on moves on by the makespan the cost model extrapolates less the run's,
+    its micro-batch by the number not simulated; for GPipe, whose stages each run at their own pace until the
+    backward phase, each stage's operations from the middle micro-batch of each phase move on by that stage's
+    period in the phase (its backwards first by the last stage's forward period, the phase's later start)."""
+    S = len(fwd)
+    v = len(fwd[0]) if schedule == "interleaved" else 1
+    m_run = periodic_lengths(S, v)[1]
+    if m <= max(MAX_SIMULATED, m_run):
+        return _events(_record(fwd, bwd, send_fwd, send_bwd, m, schedule), S), ()
+    record = _record(fwd, bwd, send_fwd, send_bwd, m_run, schedule)
+    k, h = m - m_run, m_run // 2
+    out = []
+    if schedule == "gpipe":
+        starts = {(r[0], r[1], r[3]): r[4] for r in record}
+        d_f = [k * _period(starts, s, FWD, h // 2, h) for s in range(S)]
+        d_b = [k * _period(starts, s, FWD + 1, h // 2, h) for s in range(S)]
+        later = d_f[-1]  # the backward phase starts after the last stage's last forward
+        for s, kind, c, j, t0, t1, t2 in record:
+            moved = (d_f[s] if j >= h else 0.0) if kind == FWD else later + (d_b[s] if j >= h else 0.0)
+            out.append((s, kind, c, j + k if j >= h else j, t0 + moved, t1 + moved, t2 + moved))
+        steady = [span for s in range(S) for span in (
+            (s, starts[s, FWD, h], starts[s, FWD, h] + d_f[s], k),
+            (s, starts[s, FWD + 1, h] + later, starts[s, FWD + 1, h] + later + d_b[s], k))]
+        return _events(out, S), tuple(steady)
+    end = max(r[6] for r in record)
+    span = interleaved_time(fwd, bwd, send_fwd, send_bwd, m) if v > 1 else pipeline_time(
+        tuple(fwd), tuple(bwd), tuple(send_fwd), tuple(send_bwd), m, schedule)
+    cut, shift = end / 2, span - end
+    for s, kind, c, j, t0, t1, t2 in record:
+        out.append((s, kind, c, j + k, t0 + shift, t1 + shift, t2 + shift) if t0 >= cut else
+                   (s, kind, c, j, t0, t1, t2))
+    return _events(out, S), tuple((s, cut, cut + shift, k) for s in range(S))
 
 
 def interleaved_chunk_times(cm: CostModel, plan: Plan, pi: int) -> tuple:
@@ -94,16 +159,17 @@ def plan_timelines(plan: Plan, est: Estimate, pipelines: list[int] | None = None
     out = []
     for pi in wanted:
         m = plan.pipelines[pi].micro_batches
-        if plan.pipelines[pi].virtual_stages > 1:
+        v = plan.pipelines[pi].virtual_stages
+        if v > 1:
             if est.pricer is None:
                 raise ValueError("an interleaved pipeline's timeline needs the CostModel that priced the estimate")
-            events = interleaved_events(*interleaved_chunk_times(est.pricer, plan, pi), m)
+            times = interleaved_chunk_times(est.pricer, plan, pi)
         else:
             stages = sorted(rows[pi], key=lambda r: r.stage)
-            events = pipeline_events(tuple(r.fwd_s for r in stages), tuple(r.bwd_s for r in stages),
-                                     tuple(r.send_fwd_s for r in stages), tuple(r.send_bwd_s for r in stages),
-                                     m, plan.schedule)
-        out.append(PipelineTimeline(pi, m, tuple(events), max((e.end for e in events), default=0.0)))
+            times = (tuple(r.fwd_s for r in stages), tuple(r.bwd_s for r in stages),
+                     tuple(r.send_fwd_s for r in stages), tuple(r.send_bwd_s for r in stages))
+        events, steady = steady_timeline(*times, m, "interleaved" if v > 1 else plan.schedule)
+        out.append(PipelineTimeline(pi, m, tuple(events), max((e.end for e in events), default=0.0), steady))
     return out
 
 

@@ -37,7 +37,7 @@ FAMILIES = ("Blues", "Oranges", "Greens", "Purples", "Reds", "YlOrBr", "RdPu", "
 IDLE = "#dcdcdc"
 OTHER = "#a89f91"  # GPUs of pipelines not drawn in the timeline
 KIND_COLOURS = {"fwd": "#3a76b5", "bwd": "#ee8a3c", "send": "#555555", "bubble": "#f6d3d3",
-                "sync": "#4d9e4b", "opt": "#9a5fb0"}
+                "sync": "#4d9e4b", "opt": "#9a5fb0", "steady": "#d9d9d9"}
 CHUNK_TINT = 0.45  # an interleaved stage's chunks 1, 3, ...: fwd/bwd mixed this much with white
 MAX_TIMELINE_ROWS = 64  # stage rows in the timeline panel
 
@@ -395,6 +395,10 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
                 if bars:
                     ax_t.broken_barh(bars, (y - h / 2, h), facecolors=_tint(KIND_COLOURS[kind], odd * CHUNK_TINT),
                                      linewidth=0)
+        for stage, t0, t1, _ in tl.steady:  # the steady state the timeline does not list, one band
+            if stage == si:
+                ax_t.broken_barh([(t0, t1 - t0)], (y - h / 2, h), facecolors=KIND_COLOURS["steady"],
+                                 edgecolors="#888", hatch="xx", linewidth=0.3)
         sends = [(e.start, e.end - e.start) for e in evs if e.kind == "send"]
         if sends and len(sends) <= 120:
             ax_t.broken_barh(sends, (y - 0.14, 0.28), facecolors="white", edgecolors=KIND_COLOURS["send"],
@@ -429,6 +433,11 @@ def plot_plan(plan: Plan, est: Estimate, cluster: Cluster, path: str | Path, max
              Patch(facecolor=KIND_COLOURS["sync"], label=f"gradient sync {_fmt_s(sync)}"
                    + (" (exposed)" if "dp_sync_exposed_s" in b and sync != b.get("dp_sync_s") else "")),
              Patch(facecolor=KIND_COLOURS["opt"], label=f"optimizer {_fmt_s(opt)}")]
+    cut = max((c.timeline.steady[0][3] for ci in shown if (c := classes[ci]).timeline and c.timeline.steady),
+              default=0)
+    if cut:
+        kinds.append(Patch(facecolor=KIND_COLOURS["steady"], edgecolor="#888", hatch="xx",
+                           label=f"steady state: {cut:,} micro-batches"))
     if any(plan.pipelines[classes[ci].members[0]].virtual_stages > 1 for ci in shown):
         kinds[2:2] = [Patch(facecolor=_tint(KIND_COLOURS["fwd"], CHUNK_TINT), label="forward, odd chunks"),
                       Patch(facecolor=_tint(KIND_COLOURS["bwd"], CHUNK_TINT), label="backward, odd chunks")]

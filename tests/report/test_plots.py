@@ -12,13 +12,19 @@ import pytest
 from typer.testing import CliRunner
 
 from arachne.cli.app import app
-from arachne.cost import CostModel
-from arachne.cost.schedule import simulate, simulate_interleaved
+from arachne.cost import CostModel, timeline
+from arachne.cost.schedule import (
+    interleaved_time,
+    pipeline_time,
+    simulate,
+    simulate_interleaved,
+)
 from arachne.cost.timeline import (
     interleaved_events,
     pipeline_events,
     plan_timelines,
     schedule_time,
+    steady_timeline,
 )
 from arachne.plan import load_plan, plan_from_dict
 from arachne.report.plots import node_rows, pipeline_classes, plot_plan
@@ -129,6 +135,46 @@ def test_interleaved_events_respect_the_schedule_and_end_at_its_makespan(times):
     _check_interleaved(events, fwd, bwd, sf, sb, m)
     assert {e.chunk for e in events} == set(range(len(fwd[0])))
     assert max(e.end for e in events) == simulate_interleaved(fwd, bwd, sf, sb, m)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved"])
+@pytest.mark.parametrize("seed", range(8))
+def test_a_long_pipeline_s_timeline_cuts_its_steady_state_and_keeps_every_other_event(schedule, seed, monkeypatch):
+    """Past MAX_SIMULATED micro-batches the timeline simulates the cost model's second extrapolation run and
+    stretches its middle: each event it lists is the full simulation's event of the same stage, kind, chunk and
+    micro-batch at the same time, the steady spans hold the rest, and it ends at the extrapolated makespan (a
+    batch of 10^6 sequences simulated every micro-batch: 43 s and 2.3 GB for one figure)."""
+    import random
+    rng = random.Random(seed)
+    S, v = rng.randint(1, 5), (rng.randint(2, 3) if schedule == "interleaved" else 1)
+
+    def draw(lo, hi):
+        rows = [tuple(rng.uniform(lo, hi) for _ in range(v)) for _ in range(S)]
+        return tuple(rows) if schedule == "interleaved" else tuple(r[0] for r in rows)
+    fwd, bwd, sf, sb = draw(0.5, 2.0), draw(1.0, 4.0), draw(0.0, 0.4), draw(0.0, 0.4)
+    if schedule != "interleaved":
+        sf, sb = sf[:-1] + (0.0,), (0.0,) + sb[1:]
+    m = S * 70 + 200 - (200 % S) if schedule == "interleaved" else 360 + seed
+    monkeypatch.setattr(timeline, "MAX_SIMULATED", 8)
+    events, steady = steady_timeline(fwd, bwd, sf, sb, m, schedule)
+    full = (interleaved_events(fwd, bwd, sf, sb, m) if schedule == "interleaved"
+            else pipeline_events(fwd, bwd, sf, sb, m, schedule))
+    at: dict = {}  # a micro-batch's two sends (after its forward, after its backward) share a key
+    for e in full:
+        at.setdefault((e.stage, e.kind, e.chunk, e.micro_batch), []).append((e.start, e.end))
+    assert steady and len(events) < len(full)
+    end = max(e.end for e in full)
+    for e in events:  # within the extrapolation error of the cost model itself (interleaved: ~1e-4)
+        refs = at[(e.stage, e.kind, e.chunk, e.micro_batch)]
+        assert any((e.start, e.end) == pytest.approx(r, abs=1e-3 * end) for r in refs), (e, refs)
+    span = (interleaved_time(fwd, bwd, sf, sb, m) if schedule == "interleaved"
+            else pipeline_time(fwd, bwd, sf, sb, m, schedule))
+    assert max(e.end for e in events) == pytest.approx(end, rel=1e-3)
+    if schedule != "gpipe":  # the makespan the estimate prices
+        assert max(e.end for e in events) == pytest.approx(span, rel=1e-9)
+    k = steady[0][3]  # every span holds the same micro-batches (GPipe: their forwards, then their backwards)
+    for stage in range(S):
+        assert len([e for e in events if e.stage == stage and e.kind != "send"]) == 2 * v * (m - k)
 
 
 def _load_interleaved():

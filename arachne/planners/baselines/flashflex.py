@@ -12,6 +12,7 @@ partitioner (greedy balanced start + move/swap refinement) with the same objecti
 from __future__ import annotations
 
 import random
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -119,8 +120,15 @@ def chain_parts(weight: np.ndarray, kway: int, faithful: bool) -> list[int]:
 
 
 def gpipe_steps(compute: Sequence[float], m: int) -> float:
-    """GPipe fill/drain accounting: each of the m+S-1 steps takes the slowest active stage."""
+    """GPipe fill/drain accounting: each of the m+S-1 steps takes the slowest active stage. With at least as
+    many micro-batches as stages, the fill's steps take the running maximum of the first stages, the
+    m-S+1 full steps the slowest stage and the drain's the running maximum of the last stages (time
+    independent of ``m``)."""
     S = len(compute)
+    if S and m >= S:
+        head = list(accumulate(compute[:S - 1], max))
+        tail = list(accumulate(reversed(compute[1:]), max))
+        return sum(head) + (m - S + 1) * max(compute) + sum(tail)
     total = 0.0
     for t in range(m + S - 1):
         lo, hi = max(0, t - m + 1), min(S - 1, t)

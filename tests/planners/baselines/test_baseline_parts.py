@@ -159,6 +159,18 @@ def test_gpipe_steps() -> None:
     assert gpipe_steps([1.0, 3.0], 2) == pytest.approx(1 + 3 + 3)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_gpipe_steps_in_closed_form_equals_the_step_by_step_count(seed) -> None:
+    """Each of the m+S-1 steps takes its slowest active stage; the closed form (fill, full steps, drain)
+    gives the same total without a loop over the micro-batches."""
+    rng = random.Random(seed)
+    compute = [rng.uniform(0.1, 5.0) for _ in range(rng.randint(1, 9))]
+    m = rng.randint(1, 30)
+    S = len(compute)
+    steps = sum(max(compute[max(0, t - m + 1):min(S - 1, t) + 1]) for t in range(m + S - 1))
+    assert gpipe_steps(compute, m) == pytest.approx(steps, rel=1e-12)
+
+
 # ---- EP post-pass ------------------------------------------------------------------------------------------------------
 def test_merge_aligned_pipelines_and_ep_postpass() -> None:
     c = cluster_from_dict({"name": "x", "nodes": [{"name": "h", "gpu": "H100", "gpus_per_node": 8}]})
