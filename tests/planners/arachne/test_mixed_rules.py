@@ -310,6 +310,26 @@ def test_moe_rule_spreads_experts_over_eight_single_gpu_nodes():
     assert prices[spread] > 1.1 * max(v for a, v in prices.items() if a.dp == 1)
 
 
+def test_moe_rule_past_the_action_depths_runs_one_block_per_stage_with_experts_over_the_replicas():
+    """DeepSeek-V3 (61 blocks) on 250 single-GPU H100 nodes fits at no depth of the action space (up to 32) with
+    experts over 8 data-parallel groups: the rule goes on to two blocks and then one block per stage, with experts
+    over the most data-parallel groups the class holds and recomputation, as Megatron's grid runs it (tp 1 x dp 4
+    x ep 4 over 244 of them; fresh hold-out seed137/rob-026, where the class had no homogeneous rule at all and
+    arachne reached 0.396x Megatron)."""
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import rule_own_actions
+
+    cl = cluster_from_dict({"name": "ones", "nodes": [{"name": "h{i}", "count": 250, "gpu": "H100",
+                                                       "gpus_per_node": 1, "inter_node_gbps": 50}]})
+    ctx = ctx_for("DeepSeek-V3", gbs=1024, seq=8192, cluster=cl)
+    acts = rule_own_actions(ctx, 0)
+    deep = Action("own", 1, 4, 4, 61, 1)
+    assert deep in acts and all(a.stages > 32 for a in acts if a.ep > 1)
+    priced = Pricer(ctx)(State(0, (deep,)).template())
+    assert priced is not None and priced[1].fits
+    assert all(st.recompute for p in priced[0].pipelines for st in p.stages)
+
+
 def test_floor_pairs_the_classes_that_do_best_alone_past_a_fast_type_on_a_slow_network():
     """L40S pairs on a 10 Gb/s network come first by speed, but the A800 and A100 nodes do more alone: the
     floor's data-parallel core then also holds those two together without the L40S, and it prices best."""

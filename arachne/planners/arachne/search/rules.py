@@ -26,6 +26,7 @@ from arachne.planners.arachne.completion.split import split_layers
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.search.pricer import Pricer
 from arachne.planners.arachne.search.refine import _pooled
+from arachne.planners.arachne.seed_scope import seed_depths
 from arachne.planners.arachne.template import (
     DeviceClass,
     Template,
@@ -344,6 +345,22 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                     break
                 reps = c.count // (S * dp * tp)
                 prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
+                if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
+                                ctx.work) is not None:
+                    out.append(Action("own", tp, dp, ep, S, reps))
+                    break
+        if not any(a.ep > 1 for a in out):
+            # none fits at the action space's depths: two blocks, then one block per stage, experts over the
+            # most data-parallel groups the class holds, recomputed (Megatron's grid runs DeepSeek-V3's 61
+            # blocks on single-GPU H100 nodes at tp 1 x dp 4 x ep 4)
+            tp = tps[0]
+            for S in (d for d in seed_depths(L) if d > STAGE_COUNTS[-1]):
+                dp = max((d for d in DP_CHOICES if S * d * tp <= c.count), default=0)
+                if dp < 2:
+                    break
+                ep = ep_options(model, dp)[-1]
+                reps = c.count // (S * dp * tp)
+                prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, True)
                 if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
                                 ctx.work) is not None:
                     out.append(Action("own", tp, dp, ep, S, reps))
