@@ -339,15 +339,11 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
         pairs = [(1, node_dp)] if node_dp > 1 else []
         pairs += [(t, DP_CHOICES[-1]) for t in tps if t in (1, 2, 4) and (t, DP_CHOICES[-1]) not in pairs]
         for tp, dp in [(t, d) for t, d in pairs if slot_fits_nodes(t * d, c.node_size)]:
-            ep = ep_options(model, dp)[-1]
             for S in STAGE_COUNTS:
                 if S > L or S * dp * tp > c.count:
                     break
-                reps = c.count // (S * dp * tp)
-                prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, False)
-                if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
-                                ctx.work) is not None:
-                    out.append(Action("own", tp, dp, ep, S, reps))
+                if (act := _experts_fit(ctx, ci, tp, dp, S, False)) is not None:
+                    out.append(act)
                     break
         if not any(a.ep > 1 for a in out):
             # none fits at the action space's depths: two blocks, then one block per stage, experts over the
@@ -358,14 +354,22 @@ def rule_own_actions(ctx: PlanningContext, ci: int) -> list[Action]:
                 dp = max((d for d in DP_CHOICES if S * d * tp <= c.count), default=0)
                 if dp < 2:
                     break
-                ep = ep_options(model, dp)[-1]
-                reps = c.count // (S * dp * tp)
-                prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, True)
-                if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))),
-                                ctx.work) is not None:
-                    out.append(Action("own", tp, dp, ep, S, reps))
+                if (act := _experts_fit(ctx, ci, tp, dp, S, True)) is not None:
+                    out.append(act)
                     break
     return out + [v for a in out for v in replica_variants(a, c) if v not in out]
+
+
+def _experts_fit(ctx: PlanningContext, ci: int, tp: int, dp: int, S: int, recompute: bool) -> Action | None:
+    """Class ``ci``'s pipelines of ``S`` stages of tp x dp, experts over the dp groups, as many as it holds,
+    where their layers fit at one sequence per group (with ``recompute``, recomputing)."""
+    c, L = ctx.classes[ci], ctx.model.num_layers
+    ep = ep_options(ctx.model, dp)[-1]
+    reps = c.count // (S * dp * tp)
+    prof = ctx.slot_profile(ci, tp, dp, ep, dp, S, max(1, reps) * dp, recompute)
+    if split_layers([prof] * S, L, max(1, ctx.job.global_batch_size // (dp * max(1, reps))), ctx.work) is None:
+        return None
+    return Action("own", tp, dp, ep, S, reps)
 
 
 def mixed_floor_states(ctx: PlanningContext) -> list[State]:
