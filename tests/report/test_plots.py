@@ -4,6 +4,7 @@ timeline's events, which re-run the cost model's own schedule simulation."""
 from __future__ import annotations
 
 import itertools
+import random
 import shutil
 import struct
 from pathlib import Path
@@ -144,7 +145,6 @@ def test_a_long_pipeline_s_timeline_cuts_its_steady_state_and_keeps_every_other_
     stretches its middle: each event it lists is the full simulation's event of the same stage, kind, chunk and
     micro-batch at the same time, the steady spans hold the rest, and it ends at the extrapolated makespan (a
     batch of 10^6 sequences simulated every micro-batch: 43 s and 2.3 GB for one figure)."""
-    import random
     rng = random.Random(seed)
     S, v = rng.randint(1, 5), (rng.randint(2, 3) if schedule == "interleaved" else 1)
 
