@@ -9,6 +9,19 @@ from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
 
 
+def throughputs(doc: dict, model: str, gbs: int, seq: int, planners: tuple[str, ...]) -> dict[str, float]:
+    """Tokens/s of each planner's plan for a stored sweep case (``doc``: its cluster), as the sweeps run it (the
+    arachne runtime's rules, a 10 s wall-clock cap)."""
+    from arachne.planners.harness import run_planner
+    from arachne.planners.protocol import SearchBudget
+    from arachne.spec.runtimes import Legality
+
+    cl = cluster_from_dict(doc)
+    spec, job, cm = model_catalog().get(model), Job(global_batch_size=gbs, sequence_length=seq), CostModel(cl)
+    return {name: run_planner(name, cl, spec, job, cm, SearchBudget(time_budget_s=10.0), Legality.of("arachne"))[1]
+            .tokens_per_s for name in planners}
+
+
 def small_cluster():
     return cluster_from_dict({"name": "s", "nodes": [
         {"name": "a{i}", "count": 1, "gpu": "A100-40", "gpus_per_node": 4},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from planner_cases import a40_a10_t4_cluster, ctx_for, rob021_cluster
+from planner_cases import a40_a10_t4_cluster, ctx_for, rob021_cluster, throughputs
 
 from arachne.cost import CostModel
 from arachne.planners.arachne.actions import Action, State, class_actions
@@ -322,3 +322,49 @@ def test_a_longer_target_screens_the_ranked_pool_past_the_default_pass():
     got = {t: run_planner("arachne", cl, model, job, CostModel(cl), SearchBudget(time_budget_s=30),
                           target_s=t, proxy_first=0, modern_knobs=False)[1].tokens_per_s for t in (0.8, 2.0)}
     assert got[2.0] >= 1.1 * got[0.8]
+
+
+ROB025 = {"name": "rob-025", "nodes": [
+    {"name": "h100-x8-{i}", "count": 7, "gpu": "H100"},
+    {"name": "a10g-x1-{i}", "count": 39, "gpu": "A10G", "gpus_per_node": 1, "inter_node_gbps": 25, "zone": "row-5"},
+    {"name": "h200-x8-{i}", "count": 9, "gpu": "H200", "gpus_per_node": 8, "inter_node_gbps": 50, "zone": "row-3"},
+    {"name": "a100-40-x2-{i}", "count": 40, "gpu": "A100-40", "gpus_per_node": 2, "zone": "row-1"},
+    {"name": "a100-80-x8-{i}", "count": 5, "gpu": "A100-80", "gpus_per_node": 8},
+    {"name": "a100-80-x4-{i}", "count": 10, "gpu": "A100-80", "gpus_per_node": 4, "inter_node_gbps": 50},
+    {"name": "gh200-x4-{i}", "count": 14, "gpu": "GH200", "gpus_per_node": 4, "intra_node_gbps": 64}]}
+"""Fresh hold-out seed158/rob-025 (drawn at 607e7af): 383 GPUs of six types in nodes of 1, 2, 4 and 8."""
+
+
+def test_the_classes_whose_stages_span_nodes_are_dropped_from_the_mixed_group_together():
+    from arachne.planners.arachne.search.refine import spanning_dropped
+
+    ctx = ctx_for("LLaMA-2-7B", gbs=128, seq=512, cluster=cluster_from_dict(ROB025))
+    kinds = [(c.gpu.name, c.node_size) for c in ctx.classes]
+    h200, gh200 = kinds.index(("H200-SXM-141GB", 8)), kinds.index(("GH200-96GB", 4))
+    h100, a100 = kinds.index(("H100-SXM5-80GB", 8)), kinds.index(("A100-SXM4-80GB", 8))
+    acts = [Action("skip")] * len(kinds)
+    # the planner's plan before: 8 replicas of 9 H200, 7 GH200, 7 H100 stages (tp 1) and one A100 stage of tp 4
+    for ci, tp, k in ((h200, 1, 9), (gh200, 1, 7), (h100, 1, 7), (a100, 4, 1)):
+        acts[ci] = Action("mix", tp, 1, 1, k, 8)
+    (cand,) = spanning_dropped(ctx, State(8, tuple(acts)))
+    # a GH200 stage's 8 replicas take two nodes of 4, the A100 stage's 32 GPUs four nodes of 8
+    assert [ci for ci, a in enumerate(cand.actions) if a.kind == "mix"] == sorted([h200, h100])
+    assert cand.mixed_stages() == 16
+    # one replica, or fewer than two classes left: nothing to drop
+    assert spanning_dropped(ctx, State(1, tuple(replace_reps(a, 1) for a in acts))) == []
+    only_two = tuple(Action("skip") if ci == h100 else a for ci, a in enumerate(acts))
+    assert spanning_dropped(ctx, State(8, only_two)) == []
+
+
+def replace_reps(a: Action, r: int) -> Action:
+    from dataclasses import replace
+
+    return replace(a, replicas=r) if a.kind == "mix" else a
+
+
+@pytest.mark.slow
+def test_the_planner_drops_the_spanning_classes_on_rob_025():
+    """megatron-oblivious ran one lock-step pipeline of 16 stages (a node each: 9 H200, 7 H100), 424,350
+    tokens/s; the planner's 8 x 24 mixed pipelines with GH200 and A100 stages spanning nodes, 418,565 (0.986x)."""
+    runs = throughputs(ROB025, "LLaMA-2-7B", 128, 512, ("arachne", "megatron-oblivious"))
+    assert runs["arachne"] >= runs["megatron-oblivious"]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from planner_cases import throughputs
 
 from arachne.cost import CostModel
 from arachne.planners.arachne import seeds
 from arachne.planners.arachne.context import PlanningContext
-from arachne.planners.harness import run_planner
-from arachne.planners.protocol import Deadline, SearchBudget
+from arachne.planners.protocol import Deadline
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.job import Job
 from arachne.spec.model import model_catalog
-from arachne.spec.runtimes import Legality
 
 ROB016 = {"name": "rob-016", "nodes": [
     {"name": "h100-x8-{i}", "count": 6, "gpu": "H100", "gpus_per_node": 8},
@@ -82,12 +81,8 @@ def test_the_seeds_price_the_uniform_nodes_right_after_the_incumbents_own_tp(mon
 
 @pytest.mark.slow
 def test_the_planner_passes_megatron_oblivious_on_deepseek_v3_over_five_types():
-    cl = cluster_from_dict(ROB016)
-    model, job = model_catalog().get("DeepSeek-V3"), Job(global_batch_size=1024, sequence_length=2048)
-    cm = CostModel(cl)
-    runs = {name: run_planner(name, cl, model, job, cm, SearchBudget(time_budget_s=10.0), Legality.of("arachne"))
-            for name in ("arachne", "megatron-oblivious")}
-    assert runs["arachne"][1].tokens_per_s >= runs["megatron-oblivious"][1].tokens_per_s
+    runs = throughputs(ROB016, "DeepSeek-V3", 1024, 2048, ("arachne", "megatron-oblivious"))
+    assert runs["arachne"] >= runs["megatron-oblivious"]
 
 
 def test_a_lock_step_form_that_leaves_a_third_of_its_class_idle_is_priced_at_the_depth_that_fills_it(monkeypatch):
