@@ -26,7 +26,7 @@ from arachne.planners.arachne.options import BASE_TARGET_S, ArachneOptions
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
 from arachne.planners.arachne.search.pricer import Pricer
-from arachne.planners.arachne.search.refine import SCREENED_GAIN, led_by_each_class, refine, spanning_dropped
+from arachne.planners.arachne.search.refine import SPANNING_GAIN, refine, spanning_dropped
 from arachne.planners.arachne.search.rules import rule_pool
 from arachne.planners.arachne.template import has_odd_nodes
 from arachne.planners.arachne.work_clock import WorkClock
@@ -315,17 +315,12 @@ class ArachnePlanner:
                 if stop(run.child(target - run.elapsed)):
                     break
                 pricer.price_state(st)
-            # and the incumbent's mixed group without its classes whose stages span nodes, then led by each other
-            # class: screened even where the search used up its share (large clusters leave refinement no time),
-            # priced where they gain
-            incumbent = pricer.best()
-            lead_state = pricer.states.get(incumbent[0]) if incumbent is not None else None
+            # and the incumbent's mixed group without its classes whose stages span nodes: screened even where
+            # the search used up its share (large clusters leave refinement no time), priced where it gains
+            lead_state = pricer.states.get(pricer.best()[0]) if pricer.best() is not None else None
             for st in spanning_dropped(ctx, lead_state) if lead_state is not None and not hard.expired() else []:
-                if pricer.screen_state(st) > SCREENED_GAIN * pricer.best()[2].tokens_per_s:
+                if pricer.screen_state(st) > SPANNING_GAIN * pricer.best()[2].tokens_per_s:
                     pricer.price_state(st)
-            for tpl in led_by_each_class(pricer.best()[0]) if incumbent is not None else []:
-                if not hard.expired() and pricer.screen(tpl) > SCREENED_GAIN * pricer.best()[2].tokens_per_s:
-                    pricer(tpl)
             polished = self._polish(pricer, [], cost_model, target, run)
             mark("polish")
             if extend and pricer.best() is not None and o.ablation.modern_knobs:

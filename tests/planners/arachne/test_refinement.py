@@ -368,32 +368,3 @@ def test_the_planner_drops_the_spanning_classes_on_rob_025():
     tokens/s; the planner's 8 x 24 mixed pipelines with GH200 and A100 stages spanning nodes, 418,565 (0.986x)."""
     runs = throughputs(ROB025, "LLaMA-2-7B", 128, 512, ("arachne", "megatron-oblivious"))
     assert runs["arachne"] >= runs["megatron-oblivious"]
-
-
-ROB007 = {"name": "rob-007", "nodes": [
-    {"name": "p100-x8-{i}", "count": 2, "gpu": "P100", "gpus_per_node": 8},
-    {"name": "l4-x1-{i}", "count": 7, "gpu": "L4", "gpus_per_node": 1},
-    {"name": "l4-x4-{i}", "count": 2, "gpu": "L4", "gpus_per_node": 4, "inter_node_gbps": 100}]}
-"""Fresh hold-out seed163/rob-007 (drawn at acc15cc): 15 L4 and 16 P100."""
-
-
-def test_each_other_class_leads_the_mixed_pipeline_once():
-    from arachne.planners.arachne.search.refine import led_by_each_class
-    from arachne.planners.arachne.template import Group, Slot, Template
-
-    mixed = Group((Slot(0, 1), Slot(0, 1), Slot(1, 1), Slot(2, 8), Slot(2, 8)), 1)
-    own = Group((Slot(3, 2),), 4)
-    firsts = [(t.groups[0].slots[0].cls, t.groups[0].slots) for t in led_by_each_class(Template((mixed, own)))]
-    assert [c for c, _ in firsts] == [1, 2]
-    # the class's first stage moves to the front, the rest keep their order; the other groups stay
-    assert firsts[1][1] == (Slot(2, 8), Slot(0, 1), Slot(0, 1), Slot(1, 1), Slot(2, 8))
-    assert all(t.groups[1] == own for t in led_by_each_class(Template((mixed, own))))
-    assert led_by_each_class(Template((own,))) == []
-
-
-@pytest.mark.slow
-def test_the_planner_leads_with_the_class_that_holds_the_embedding_best_on_rob_007():
-    """Sailor's one pipeline of 17 stages led by the P100s at tp 4 (15,459 tokens/s); the planner's, led by an L4
-    whose optimizer step over the embedding took 120 ms, 15,134 (0.979x)."""
-    runs = throughputs(ROB007, "Llama-3.1-8B", 64, 512, ("arachne", "sailor"))
-    assert runs["arachne"] >= runs["sailor"]

@@ -51,10 +51,6 @@ class Pricer:
         plan is a real priced plan and stays a candidate."""
         tpl = st.template()
         self.states.setdefault(tpl, st)
-        return self.screen(tpl)
-
-    def screen(self, tpl: Template) -> float:
-        """:meth:`screen_state` for a template that no decision sequence spells (a reordered pipeline)."""
         if tpl in self.cache:
             r = self.cache[tpl]
         else:

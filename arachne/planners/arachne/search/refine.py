@@ -18,8 +18,6 @@ from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.search.pricer import Pricer
 from arachne.planners.arachne.template import (
     DeviceClass,
-    Group,
-    Template,
     pool_classes,
 )
 from arachne.planners.protocol import Deadline
@@ -231,11 +229,10 @@ def replica_moves(ctx: PlanningContext, st: State, fill: bool = False) -> list[S
     return out
 
 
-SCREENED_GAIN = 1.02
-"""The candidates priced after refinement (:func:`spanning_dropped`, :func:`led_by_each_class`) are priced only where
-their screen (a lower bound of the price) beats the incumbent by this much: the price of a large mixed pipeline is a
-share of what the seeds and the knobs get (seed98/rob-023: 0.06 s of work for 0.7%, and the knobs then lifted the
-plan 6.8% less)."""
+SPANNING_GAIN = 1.02
+""":func:`spanning_dropped`'s move is priced only where its screen (a lower bound of its price) beats the incumbent by
+this much: the price of a large mixed pipeline is a share of what the seeds and the knobs get (seed98/rob-023:
+0.06 s of work for 0.7%, and the knobs then lifted the plan 6.8% less)."""
 
 
 def spanning_dropped(ctx: PlanningContext, st: State) -> list[State]:
@@ -245,7 +242,7 @@ def spanning_dropped(ctx: PlanningContext, st: State) -> list[State]:
     the other still sets the pace (fresh hold-out seed158/rob-025, LLaMA-2-7B on 383 GPUs: 8 replicas of 24
     stages over H200 and H100 nodes of 8, GH200 nodes of 4 and A100 stages of tp 4 exposed 29 ms of gradient
     sync; the 16 H200 and H100 stages alone, 4 ms). The planner prices it once after refinement, screened first
-    (:data:`SCREENED_GAIN`); as a refinement move it changed which local optimum refinement reached, 6.9% lower on
+    (:data:`SPANNING_GAIN`); as a refinement move it changed which local optimum refinement reached, 6.9% lower on
     seed96/rob-003."""
     R = st.mix_replicas
     mix = [ci for ci, a in enumerate(st.actions) if a.kind == "mix"]
@@ -256,24 +253,6 @@ def spanning_dropped(ctx: PlanningContext, st: State) -> list[State]:
     if not span or len(mix) - len(span) < 2:
         return []
     return [State(R, tuple(Action("skip") if ci in span else a for ci, a in enumerate(st.actions)))]
-
-
-def led_by_each_class(tpl: Template) -> list[Template]:
-    """``tpl``'s first group over several device classes with the first stage of each other class moved to the front:
-    the first stage also holds the embedding, whose optimizer step and memory the class order (fastest first) does
-    not weigh (fresh hold-out seed163/rob-007, Llama-3.1-8B on 15 L4 and 16 P100: its 128K x 4,096 embedding's
-    optimizer step took 120 ms on one L4, 71 ms on the P100s at tp 8; Sailor leads with the P100s)."""
-    for gi, g in enumerate(tpl.groups):
-        classes = list(dict.fromkeys(s.cls for s in g.slots))
-        if len(classes) < 2:
-            continue
-        out = []
-        for cls in classes[1:]:
-            i = next(k for k, s in enumerate(g.slots) if s.cls == cls)
-            slots = (g.slots[i],) + g.slots[:i] + g.slots[i + 1:]
-            out.append(Template(tpl.groups[:gi] + (Group(slots, g.replicas),) + tpl.groups[gi + 1:]))
-        return out
-    return []
 
 
 def _pooled(ctx: PlanningContext, prefix: State, c: DeviceClass, g: int, tp: int) -> int:
