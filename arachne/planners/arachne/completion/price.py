@@ -16,6 +16,7 @@ from arachne.planners.arachne.completion.batch import (
 )
 from arachne.planners.arachne.completion.place import (
     cap_replicas,
+    led_by_widest,
     place,
     placements,
     stage_orders,
@@ -170,14 +171,16 @@ def _note_even_split(template: Template, ctx: PlanningContext, mbs: int, recompu
 
 def price_template(template: Template, ctx: PlanningContext, mbs_options: list[int] | None = None,
                    max_priced: int | None = 2, screen: bool = False,
-                   heads: bool = True) -> tuple[Plan, Estimate] | None:
+                   heads: bool = True, lead: bool = True) -> tuple[Plan, Estimate] | None:
     """Complete the template at every candidate micro-batch size, price the ``max_priced`` most promising
     (by the completion's own time model; all when None) with the cost model, on each placement and
     class order, with recomputation only where memory demands it; the fastest plan that fits, or None.
 
     ``screen``: a cheap first look (a few times cheaper): the most promising micro-batch size only, the
     reversed class order only if the first does not fit. With ``heads``, a plan whose pace is set by a
-    one-layer last stage (the head) is priced again with a wider last stage (:func:`wide_head`)."""
+    one-layer last stage (the head) is priced again with a wider last stage (:func:`wide_head`); with ``lead``,
+    a plan whose optimizer step takes ``LEAD_SHARE`` of the step is priced again led by the stage of another
+    class that updates the embedding fastest (:func:`~.place.led_by_widest`)."""
     if screen:
         ctx.work.screens += 1
     else:
@@ -193,7 +196,13 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     if best is not None and heads and not screen and (head_bound(best[1]) or (
             best[1].tokens_per_s >= HEAD_WITHIN * ctx.best_tok_s and head_bound(best[1], even_share=True))):
         wide = wide_head(template, ctx)
-        r = price_template(wide, ctx, mbs_options, max_priced, heads=False) if wide is not None else None
+        r = price_template(wide, ctx, mbs_options, max_priced, heads=False, lead=False) if wide is not None else None
+        if r is not None and r[1].iteration_time_s < best[1].iteration_time_s:
+            best = r
+    if best is not None and lead and not screen and \
+            best[1].breakdown["optimizer_s"] >= LEAD_SHARE * best[1].iteration_time_s:
+        led = led_by_widest(template, ctx.classes)
+        r = price_template(led, ctx, mbs_options, max_priced, heads=heads, lead=False) if led is not None else None
         if r is not None and r[1].iteration_time_s < best[1].iteration_time_s:
             best = r
     if best is not None:
@@ -202,6 +211,7 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
 
 
 HEAD_BOUND = 1.25  # a one-layer last stage this much slower than its pipeline's other stages is worth widening
+LEAD_SHARE = 0.03  # an optimizer step this share of the step is worth a pipeline led by faster-updating GPUs
 HEAD_WITHIN = 0.9  # ... judged against their mean only on templates within this share of the best so far
 
 
