@@ -199,8 +199,7 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
         r = price_template(wide, ctx, mbs_options, max_priced, heads=False, lead=False) if wide is not None else None
         if r is not None and r[1].iteration_time_s < best[1].iteration_time_s:
             best = r
-    if best is not None and lead and not screen and \
-            best[1].breakdown["optimizer_s"] >= LEAD_SHARE * best[1].iteration_time_s:
+    if best is not None and lead and not screen and lead_bound(best[1], ctx.best_tok_s):
         led = led_by_widest(template, ctx.classes)
         r = price_template(led, ctx, mbs_options, max_priced, heads=heads, lead=False) if led is not None else None
         if r is not None and r[1].iteration_time_s < best[1].iteration_time_s:
@@ -208,6 +207,13 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     if best is not None:
         ctx.best_tok_s = max(ctx.best_tok_s, best[1].tokens_per_s)
     return best
+
+
+def lead_bound(est: Estimate, best_tok_s: float) -> bool:
+    """Whether the optimizer step takes ``LEAD_SHARE`` of the step and the plan, with all of it saved (the most a
+    faster-updating first stage could save), would beat the best so far."""
+    opt, it = est.breakdown["optimizer_s"], est.iteration_time_s
+    return opt >= LEAD_SHARE * it and est.tokens_per_s * it / (it - opt) > best_tok_s
 
 
 HEAD_BOUND = 1.25  # a one-layer last stage this much slower than its pipeline's other stages is worth widening
