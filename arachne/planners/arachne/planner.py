@@ -7,6 +7,8 @@ from dataclasses import asdict
 from itertools import zip_longest
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from arachne.cost import CostModel
 from arachne.plan_rules import uses_v2
 from arachne.planners.arachne.actions import State
@@ -103,6 +105,13 @@ class ArachnePlanner:
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
+        # the policy's and the ranker's products are a few hundred rows: BLAS threads cost more than they
+        # save there, and far more on a busy machine (the same products, the same results, on one thread)
+        with threadpool_limits(limits=1, user_api="blas"):
+            return self._plan_views(cluster, model, job, cost_model, budget)
+
+    def _plan_views(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
+                    budget: SearchBudget) -> PlannerResult:
         views = cost_views(cluster, job.precision) if self.objective is not None and \
             self.objective.needs_prices else []
         result = self._plan_cluster(cluster, model, job, cost_model, budget)
