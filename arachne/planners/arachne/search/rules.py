@@ -405,10 +405,10 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                     if st is not None and may_fit(ctx, st, 0):
                         every.setdefault(st.template(), st)
     slow = slow_network_classes(classes)
-    if slow and n - len(slow) >= 2:  # without the classes whose network would hold every replica back
+    if slow and n - len(slow) >= 2:  # without the leading classes whose network would hold every replica back
         fast = {st.template(): st for j in range(n, 1, -1) for R in replicas for tp in levels
-                for graded in (False, True) for experts in ((False, True) if model.is_moe else (False,))
-                if (st := mixed_rule_state(ctx, R, tp, j, graded, experts, leave_out=slow)) is not None
+                for graded in (False, True)
+                if (st := mixed_rule_state(ctx, R, tp, j, graded=graded, leave_out=slow)) is not None
                 and st.template() not in every and may_fit(ctx, st, 0)}
         for st in sorted(fast.values(), key=lambda st: -_mix_proxy(ctx, st))[:SLOW_NETWORK_RULES]:
             every[st.template()] = st
@@ -426,12 +426,12 @@ SLOW_NETWORK_RULES = 4  # rules without those classes kept, by the proxy (each o
 
 
 def slow_network_classes(classes: list[DeviceClass]) -> frozenset[int]:
-    """The classes on a network ``SLOW_NETWORK`` times slower than the best class's: in a mixed pipeline their
-    stage-to-stage sends and gradient sync hold every replica back, and every fastest-``j`` rule past them takes
-    them (GH200 nodes of 4 on 3 Gb/s ahead of GH200 nodes of 2 on 92 Gb/s; Titan RTX nodes on 1.25 GB/s between
-    L40S and A10 nodes)."""
+    """The classes ahead of the first one on a fast network (within ``SLOW_NETWORK`` times the best class's):
+    in a mixed pipeline their stage-to-stage sends and gradient sync hold every replica back, and every
+    fastest-``j`` rule takes them (GH200 nodes of 4 on 3 Gb/s before GH200 nodes of 2 on 92 Gb/s)."""
     best = max((c.inter_node_bw for c in classes), default=0.0)
-    return frozenset(c.index for c in classes if c.inter_node_bw * SLOW_NETWORK < best)
+    fast = [c.index for c in classes if c.inter_node_bw * SLOW_NETWORK >= best]
+    return frozenset(c.index for c in classes if c.index < fast[0]) if fast else frozenset()
 
 
 def _mix_proxy(ctx: PlanningContext, st: State) -> float:
