@@ -433,6 +433,19 @@ def test_a_pipeline_whose_optimizer_step_sets_the_tail_is_led_by_the_fastest_upd
     assert plan.pipelines[0].stages[0].tp == 8 and est.tokens_per_s > 1.03 * plain[1].tokens_per_s
 
 
+def test_the_led_pipeline_is_priced_only_where_saving_the_optimizer_step_could_beat_the_best():
+    from arachne.cost import Estimate
+    from arachne.planners.arachne.completion.price import lead_bound
+
+    def est(it, opt, tok):
+        return Estimate(it, 0.0, tok, 0.0, True, {"optimizer_s": opt})
+
+    assert lead_bound(est(2.0, 0.12, 15_000), 15_500)  # 6% of the step; saved, 15,957 tokens/s
+    assert not lead_bound(est(2.0, 0.05, 15_000), 15_100)  # 2.5%: below the share
+    assert not lead_bound(est(1.0, 0.04, 30_000), 34_800)  # saved, 31,250: still behind the best (rob-026)
+    assert not lead_bound(est(1.0, 1.0, 30_000), 0.0)  # nothing but the step: no bound to take
+
+
 @pytest.mark.slow
 def test_the_planner_leads_rob_007_with_a_p100_stage():
     """Sailor's one pipeline of 17 stages led by the P100s at tp 4: 15,459 tokens/s; the planner's, led by one L4,

@@ -209,15 +209,17 @@ def price_template(template: Template, ctx: PlanningContext, mbs_options: list[i
     return best
 
 
+LEAD_SHARE = 0.03  # an optimizer step this share of the step is worth a pipeline led by faster-updating GPUs
+
+
 def lead_bound(est: Estimate, best_tok_s: float) -> bool:
     """Whether the optimizer step takes ``LEAD_SHARE`` of the step and the plan, with all of it saved (the most a
     faster-updating first stage could save), would beat the best so far."""
     opt, it = est.breakdown["optimizer_s"], est.iteration_time_s
-    return opt >= LEAD_SHARE * it and est.tokens_per_s * it / (it - opt) > best_tok_s
+    return it > opt >= LEAD_SHARE * it and est.tokens_per_s * it / (it - opt) > best_tok_s
 
 
 HEAD_BOUND = 1.25  # a one-layer last stage this much slower than its pipeline's other stages is worth widening
-LEAD_SHARE = 0.03  # an optimizer step this share of the step is worth a pipeline led by faster-updating GPUs
 HEAD_WITHIN = 0.9  # ... judged against their mean only on templates within this share of the best so far
 
 
