@@ -3,7 +3,7 @@ shares best over, the depths it tries, and whether a depth can hold the model's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import combinations
 
 from arachne.cost import Estimate
@@ -258,6 +258,13 @@ def lockstep_fill_depth(ctx: PlanningContext, cls: int, tp: int, first: int) -> 
         return None
     best = max(range(first + 1, min(ctx.model.num_layers, 4 * first) + 1), key=lambda S: (used(S), -S), default=None)
     return best if best is not None and used(best) > used(first) else None
+
+
+def alone(found: Sequence[tuple[Plan, Estimate]], cluster, score: Callable[[Estimate], float]) -> Plan | None:
+    """The best plan of ``found`` by ``score`` (lower is better) that runs on one GPU type; None without one: where
+    the incumbent is mixed, the seeds' second walk starts from its type (decision 0040)."""
+    one = [r for r in found if len({cluster.devices[d].gpu.name for d in r[0].devices}) == 1]
+    return min(one, key=lambda r: score(r[1]))[0] if one else None
 
 
 def incumbent_shape(plan: Plan, types: set[str], tps: set[int]) -> tuple[int, int] | None:

@@ -63,19 +63,24 @@ def spanning_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], t
     return [t for t in out if t.fits_counts(ctx.classes)]
 
 def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int,
-                             count: int = MIXED_LOCKSTEP_DEGREES) -> list[Template]:
+                             count: int = MIXED_LOCKSTEP_DEGREES, dense: bool = False) -> list[Template]:
     """An MoE model's Megatron form over every GPU type of ``subset`` at once (what ``megatron-oblivious`` runs):
     one pipeline whose stages are data parallel over ``d`` replicas of ``tp`` GPUs, each type serving
     ``GPUs // (tp d)`` consecutive stages on its first class (the fastest types first; after every such form, as
     :func:`~.completion.place.stage_orders` tries for the search's pipelines, the slowest first: the last stage
     also runs the output layer, which on the slower type can set the pace), the experts parallel over the largest
     degree allowed; ``d`` the ``count`` largest that divide the batch, pack into every type's nodes and leave
-    every type at least one stage, at most one stage per layer. Empty for a dense model or one type."""
+    every type at least one stage, at most one stage per layer. Empty for one type, and for a dense model unless
+    ``dense``: then ``d`` also keeps each stage inside one node (no experts to spread; its stages go over the nodes,
+    as ``megatron-oblivious`` runs LLaMA-3-8B on seed169/rob-014's H100, L40S and A100 nodes of 8)."""
     pl = pools(ctx, subset, tp)
-    if not ctx.model.is_moe or len(pl) < 2:
+    if not (ctx.model.is_moe or dense) or len(pl) < 2:
         return []
     gbs, L, out = ctx.job.global_batch_size, ctx.model.num_layers, []
-    for d in range(min(n for _, n in pl) // tp, 1, -1):
+    top = min(n for _, n in pl) // tp
+    if not ctx.model.is_moe:
+        top = min(top, min(ctx.classes[first].node_size for first, _ in pl) // tp)
+    for d in range(top, 1, -1):
         if len(out) == count:
             break
         if gbs % d or not all(slot_fits_nodes(tp * d, ctx.classes[first].node_size) for first, _ in pl):

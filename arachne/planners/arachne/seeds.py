@@ -28,14 +28,15 @@ from arachne.cost import Estimate
 from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS  # noqa: F401 (re-exported)
 from arachne.planners.arachne.completion.batch import mbs_candidates
-from arachne.planners.arachne.completion.modern import LONG_SEQUENCE, fp8_allowed, modernize
+from arachne.planners.arachne.completion.modern import LONG_SEQUENCE
 from arachne.planners.arachne.completion.place import cap_replicas, placements
 from arachne.planners.arachne.completion.plan_edits import recomputes
 from arachne.planners.arachne.completion.price import ALT_WITHIN, P2P_SHARE, build_plan, split_and_share
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.rules_view import template_ok
-from arachne.planners.arachne.seed_forms import (
+from arachne.planners.arachne.search.rules import much_slower_networks
+from arachne.planners.arachne.seed_forms import (  # noqa: F401 (layout_key re-exported)
     even_counts,
     expert_parallel_forms,
     layout_key,
@@ -43,11 +44,18 @@ from arachne.planners.arachne.seed_forms import (
     overlapped,
     sharded,
 )
+from arachne.planners.arachne.seed_knobs import (  # noqa: F401 (re-exported)
+    SEED_ESTIMATES,
+    SEED_FASTEST,
+    SEED_TOP,
+    seed_knobs,
+)
 from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: tests and callers read them here)
     EQUAL_SHARE_BAND,
     EQUAL_SHARE_CLASSES,
     EQUAL_SHARE_SUBSETS,
     EQUAL_SHARE_TYPES,
+    alone,
     around_incumbent,
     batch_shares,
     class_pinned,
@@ -101,6 +109,15 @@ each sub-cluster it is also planned on: the cheapest plans per token are the fra
 at a depth and tp that divide its GPUs well, leaving the rest idle, which is what the family prices; the search
 aims at using every GPU. At 0.08 the family reached only tp 1 on the grid's 192 H100 of hopper-ampere-512
 (Mixtral-8x22B), where Megatron's tp 2 x 8 stages cost 1.6% less per token than arachne's cost plan."""
+SEED_WALK = 0.7
+"""Of the seeds' share, the uniform family's walk (the rest: the knobs on the best seeds)."""
+ALONE_SHARE = 0.5
+"""Where the incumbent runs on several GPU types, in the run's last pass: the walk from the best one-type plan's
+type, and the knobs on its fastest seed, each on a clock of its own, as this share of the first walk's and of its
+knobs' time (decision 0040: the first walk and its knobs keep all of theirs; halved, the replays lost the mixed
+seed re-run odd104-rerun/rob-019 wins with, 1.207x -> 0.824x; in the base pass too, the extension's time went to
+it, seed0-rerun/rob-022 1.379x -> 1.281x; its seeds among the first walk's knob starts displaced the one fresh
+hold-out seed163/rob-003 wins from, 1.685x -> 1.020x)."""
 SEED_DEPTHS = 2
 """Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`; deeper again
 (each :func:`next_depth` of the last) while the deeper depth prices faster."""
@@ -111,12 +128,6 @@ NODES_TPS = 2
 AROUND_SHARE = 0.5
 """Of the seed family's time left after the incumbent's own tp, at most, for the grid next to the incumbent
 (:func:`~.seed_scope.around_incumbent`): it must not starve the walk (decision 0028)."""
-SEED_TOP = 2
-"""The fastest seeds given the knobs."""
-SEED_FASTEST = 2
-"""The fastest seeds as priced also given the knobs (beside the :data:`SEED_TOP` by their bound)."""
-SEED_ESTIMATES = 30
-"""Estimates the knobs spend on one seed, at most."""
 FEWER_REPLICAS_SYNC = 0.25
 """The type-first seed is priced with half its replicas only while its exposed gradient sync is at least this share
 of its compute time: halving doubles a replica's work, which only a large exposed sync can repay (a gate: the
@@ -439,22 +450,31 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
     def nodes_pass() -> list[Priced]:
         """The largest uniform sub-cluster over several types (:func:`uniform_nodes`), at the first two tp degrees
-        of :func:`tp_order` (the incumbent's first), each at its shallowest depth that fits, within
-        :data:`AROUND_SHARE` of the time left (decision 0032)."""
+        of :func:`tp_order` (the incumbent's first), each at its shallowest depth that fits, and for a dense model
+        that needs a pipeline there, the lock-step pipeline over its GPU types at once
+        (:func:`mixed_lockstep_templates`) without the classes on a much slower network
+        (:func:`~.search.rules.much_slower_networks`), within :data:`AROUND_SHARE` of the time left (decisions
+        0032, 0040)."""
         got = uniform_nodes(ctx) if multiple == 1 else None
         if got is None or got[0] in class_subsets(ctx, first):
             return []
         (sub, size), share = got, deadline.child(deadline.remaining * AROUND_SHARE)
         found: list[Priced] = []
+        slow = much_slower_networks([ctx.classes[i] for i in sub])
+        fast = tuple(i for i in sub if i not in slow)
         for tp in tp_order(ctx, sub, tp_options(ctx.model, size), tps)[:NODES_TPS]:
+            depth = None  # the shallowest that fits
             for S in seed_depths(L):
                 if S > L or share.expired():
                     break
                 if holds_state(ctx, sub, tp, S):
                     more = at_depth(sub, tp, S, share, smallest=True)
                     if more is None or more:
-                        found += more or []
+                        found, depth = found + (more or []), S if more else None
                         break
+            if not ctx.model.is_moe and depth != 1:  # (an MoE model's comes from the walk over its subsets)
+                found += complete_all(mixed_lockstep_templates(ctx, fast, tp, dense=True), smallest=True,
+                                      until=share)
         return found
 
     pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths
@@ -534,11 +554,11 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower is
     better) less the recomputation they could drop, and on the fastest by ``score`` when it is not one of them;
     every plan returned fits and breaks no rule of ``legality``.
-    ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first);
+    ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first; where it runs
+    on several types, in the last pass, then the best one-type plan's type, :func:`alone`, :data:`ALONE_SHARE`);
     ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target);
     ``priced``: see :func:`seed_share`; ``last``: the run's last pass (the knobs that reshape a plan run only there,
     as in :func:`~.completion.modern.modern_variants`)."""
-    deadline = Deadline(max(seed_share(ctx.job, priced) * target_s, seconds or 0.0), clock, cap)
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
 
@@ -548,45 +568,32 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     def ok(plan: Plan) -> bool:
         return rules is None or not rules.errors(plan, cluster)
 
+    def knobs(found: list[Priced], until: Deadline, top: int = SEED_TOP, fastest: int = SEED_FASTEST) -> list[Priced]:
+        return seed_knobs(ctx, found, until, rules, score, bound, last, top, fastest)
+
     lead = min(found, key=lambda r: score(r[1]), default=None)  # the incumbent: its GPU types are seeded first
     types = {cluster.devices[d].gpu.name for d in lead[0].devices} if lead is not None else None
     tps = {st.tp for p in lead[0].pipelines for st in p.stages} if lead is not None else None
+    around = incumbent_shape(lead[0], types, tps) if lead is not None else None
+    # a mixed incumbent is the search's, not the grid's: the grid also walks from the best one-type plan's type
+    one = alone(found, cluster, score) if last and types and len(types) > 1 and not long_sequence(ctx) else None
+    base = max(seed_share(ctx.job, priced) * target_s, seconds or 0.0)
+    deadline = Deadline(base, clock, cap)
     if long_sequence(ctx):  # most of the family's time on plans with context parallelism built in
         seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.2), rules, ok, types, tps)
         seeds += cp_seed_plans(ctx, deadline.child(deadline.remaining * 0.5 / 0.8), rules, ok, types, tps)
     else:
-        around = incumbent_shape(lead[0], types, tps) if lead is not None else None
-        seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.7), rules, ok, types, tps, around=around)
-    seeds.sort(key=lambda r: bound(r[1]))
-    distinct: dict[float, Priced] = {}  # one plan per price (a lock-step form often prices as its pipelines do)
-    for r in seeds:
-        distinct.setdefault(round(r[1].iteration_time_s, 9), r)
-    # and one per layout: seeds that differ only in their experts' parallel degree are one start for the knobs,
-    # which price every stage's expert layouts (fresh hold-out odd100-rerun/rob-012: the four starts were two
-    # layouts at two degrees each, and the layout the knobs made the fastest plan of, fifth, got none; greedy,
-    # the knobs can still end apart from two degrees of one layout: decision 0022)
-    layouts: dict[tuple, Priced] = {}
-    for r in distinct.values():
-        layouts.setdefault(layout_key(r[0]), r)
-    ranked = list(layouts.values())
-    top = ranked[:SEED_TOP]
-    # and the fastest seeds as priced: a plan the bound favours for the recomputation it might drop can keep it
-    # (no memory to spare), and the fastest must not be lost behind it; nor the next fastest, whose bubble the
-    # interleaving knob may hide (a pipelined plan just behind one without a pipeline)
-    for r in sorted(ranked, key=lambda r: score(r[1]))[:SEED_FASTEST]:
-        if r not in top:
-            top.append(r)
-    quickest = min(seeds, key=lambda r: score(r[1]), default=None)  # (one layout's other degree may be it)
-    out: list[Priced] = [quickest] if quickest is not None and quickest not in top else []
-    shares = len(top) - (len(top) > SEED_TOP + 1)  # a fourth plan gets only what the first three leave
-    for i, (plan, est) in enumerate(top):
-        out.append((plan, est))
-        if deadline.expired():
-            continue
-        sub = deadline.child(deadline.remaining / max(1, shares - i))
-        better = modernize(plan, est, ctx.cost_model, legality=rules, allow_fp8=fp8_allowed(ctx.job), deadline=sub,
-                           max_estimates=SEED_ESTIMATES, work=ctx.work, reshape=last)
-        if better[0] is not plan:
-            out.append(better)
-    return out
+        seeds = seed_plans(ctx, deadline.child(deadline.remaining * SEED_WALK), rules, ok, types, tps, around=around)
+    if one is None:
+        return knobs(seeds, deadline)
+    # the walk from the best one-type plan's type (its tp degrees in the order that fits, not its own; the grid next
+    # to it) and the knobs on its fastest seed run on clocks of their own: the first walk's seeds keep their knobs
+    # and the time the walk left them, as without it
+    left, first = deadline.remaining, {cluster.devices[one.devices[0]].gpu.name}
+    alone_seeds = seed_plans(ctx, Deadline(base * SEED_WALK * ALONE_SHARE, clock, cap), rules, ok, first, None,
+                             around=incumbent_shape(one, first, {st.tp for p in one.pipelines for st in p.stages}))
+    out = knobs(seeds, Deadline(left, clock, cap))
+    more = knobs(alone_seeds, Deadline(base * (1 - SEED_WALK) * ALONE_SHARE, clock, cap), top=0, fastest=1)
+    best = min(score(e) for _, e in out + [lead])  # kept only where they win: otherwise they would only displace the
+    return out + [r for r in more if score(r[1]) < best]  # later knobs' starts (seed163/rob-003: 1.685x -> 1.020x)
 

@@ -425,13 +425,20 @@ SLOW_NETWORK = 8.0  # a class whose inter-node network is this many times slower
 SLOW_NETWORK_RULES = 4  # rules without those classes kept, by the proxy (each one ranked costs time)
 
 
-def slow_network_classes(classes: list[DeviceClass]) -> frozenset[int]:
-    """The classes ahead of the first one on a fast network (within ``SLOW_NETWORK`` times the best class's):
-    in a mixed pipeline their stage-to-stage sends and gradient sync hold every replica back, and every
-    fastest-``j`` rule takes them (GH200 nodes of 4 on 3 Gb/s before GH200 nodes of 2 on 92 Gb/s)."""
+def much_slower_networks(classes: list[DeviceClass]) -> frozenset[int]:
+    """The classes on a network ``SLOW_NETWORK`` times slower than the best class's."""
     best = max((c.inter_node_bw for c in classes), default=0.0)
-    fast = [c.index for c in classes if c.inter_node_bw * SLOW_NETWORK >= best]
-    return frozenset(c.index for c in classes if c.index < fast[0]) if fast else frozenset()
+    return frozenset(c.index for c in classes if c.inter_node_bw * SLOW_NETWORK < best)
+
+
+def slow_network_classes(classes: list[DeviceClass]) -> frozenset[int]:
+    """The classes ahead of the first one on a fast network (:func:`much_slower_networks` are not): in a mixed
+    pipeline their stage-to-stage sends and gradient sync hold every replica back, and every fastest-``j`` rule
+    takes them (GH200 nodes of 4 on 3 Gb/s before GH200 nodes of 2 on 92 Gb/s). Only the leading ones: leaving out
+    every such class wherever it stands (decision 0012) displaced the rules that win elsewhere."""
+    slow = much_slower_networks(classes)
+    fast = [c.index for c in classes if c.index not in slow]
+    return frozenset(i for i in slow if i < fast[0]) if fast else frozenset()
 
 
 def _mix_proxy(ctx: PlanningContext, st: State) -> float:
