@@ -48,6 +48,7 @@ from arachne.planners.arachne.seed_knobs import (  # noqa: F401 (re-exported)
     SEED_ESTIMATES,
     SEED_FASTEST,
     SEED_TOP,
+    Priced,
     seed_knobs,
 )
 from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: tests and callers read them here)
@@ -133,7 +134,6 @@ FEWER_REPLICAS_SYNC = 0.25
 of its compute time: halving doubles a replica's work, which only a large exposed sync can repay (a gate: the
 fresh hold-out it was added for had 0.68, the two stored cases that an ungated halving cost work, 0.00)."""
 
-Priced = tuple[Plan, Estimate]
 
 
 def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
