@@ -37,7 +37,8 @@ from benchmarks import common
 
 def plan_arachne(cl, model: str, job: Job, budget_s: float, runtime: str | None = None,
                  **options: Any) -> dict[str, Any]:
-    """One in-process arachne run: tokens/s (0 without a plan), wall and work seconds, whether the plan validates.
+    """One in-process arachne run: tokens/s (0 without a plan), wall and work seconds, whether its CPU guard
+    expired (the plan then depends on the machine's speed), whether the plan validates.
     ``runtime``: the runtime preset whose rules the plan keeps (None: no rules)."""
     from arachne.spec.runtimes import Legality
 
@@ -56,7 +57,7 @@ def plan_arachne(cl, model: str, job: Job, budget_s: float, runtime: str | None 
     except InputError:
         valid = False
     return {"tokens_per_s": est.tokens_per_s, "wall_s": round(wall, 3), "work_s": res.stats.notes.get("work_s"),
-            "valid": valid}
+            "guard_expired": bool(res.stats.notes.get("guard_expired")), "valid": valid}
 
 
 def sweeps(a) -> None:
@@ -92,7 +93,7 @@ def sweeps(a) -> None:
                          "arachne_tok_s": r["tokens_per_s"], "best_baseline": best[name][1],
                          "best_baseline_tok_s": best[name][0], "ratio": r["tokens_per_s"] / best[name][0],
                          "stored_ratio": stored.get(name), "wall_s": r["wall_s"], "work_s": r["work_s"],
-                         "valid": r["valid"]})
+                         "guard_expired": r.get("guard_expired"), "valid": r["valid"]})
             common.console.print(f"{sweep.name}/{name}: {rows[-1]['ratio']:.3f}", highlight=False)
     summary = [{"sweeps": s.name, **common.ratio_stats([r["ratio"] for r in rows if r["sweep"] == s.name])}
                for s in loaded]

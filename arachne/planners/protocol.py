@@ -30,14 +30,14 @@ class SearchBudget:
 
 
 class Deadline:
-    """A budget of ``seconds`` started at construction, on the wall clock or on another ``clock``
-    (e.g. the arachne planner's :class:`~arachne.planners.arachne.work_clock.WorkClock`); with ``cap`` it also
-    expires when that (wall) deadline does."""
+    """A budget of ``seconds`` started at construction, on the wall clock or on another ``clock`` (e.g. the
+    arachne planner's :class:`~arachne.planners.arachne.work_clock.WorkClock`, or ``time.thread_time``); with
+    ``cap`` it also expires when that deadline does."""
 
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None,
                  cap: Deadline | None = None):
-        self.clock = clock
-        self.start = clock()
+        self.clock = clock or time.perf_counter  # (looked up per deadline: a test may stand in for the wall)
+        self.start = self.clock()
         self.seconds = seconds
         self.cap = cap
 

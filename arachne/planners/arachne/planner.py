@@ -45,7 +45,7 @@ from arachne.spec.job import Job
 from arachne.spec.model import ModelSpec
 from arachne.spec.runtimes import Legality
 
-WALL_GUARD = 4.0  # the run stops at this many times its target on the wall clock, whatever the work clock says
+CPU_GUARD = 4.0  # the run stops at this many times its target (plus 1 s) in CPU seconds, whatever the work clock says
 FINAL_POLISH_SHARE = 0.03  # of the target, at most, for the winner's stage boundaries after the knobs
 
 
@@ -134,30 +134,38 @@ class ArachnePlanner:
     def _plan_cluster(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
                       budget: SearchBudget) -> PlannerResult:
         o = self.options
-        deadline = budget.deadline()  # the caller's budget, on the wall clock
+        # the caller's budget in CPU seconds of this thread: a loaded machine stretches the wall time, not the
+        # search, so the same input gets the same plan under any load
+        deadline = Deadline(budget.time_budget_s, time.thread_time)
         span = o.target.target_s
         base = min(span, BASE_TARGET_S)  # the base pass, which a longer target runs first and then extends
+        # the latency target runs on the work clock; CPU time only guards the whole run (every pass of it)
+        # against a machine many times slower than the one the work rates were fitted on, or work they miss
+        guard = Deadline(min(deadline.seconds, CPU_GUARD * span + 1.0), deadline.clock)
         if not has_odd_nodes(cluster) or not 0 < o.shares.parts_share < 1:
-            return self._plan(cluster, model, job, cost_model, budget, deadline, o.shares.parts_share > 0, span,
-                              base)
+            return self._plan(cluster, model, job, cost_model, budget, deadline, guard, o.shares.parts_share > 0,
+                              span, base)
         if len(cluster.devices) > o.search.parts_max_gpus:  # a large cluster's search needs all of the target
-            return self._plan(cluster, model, job, cost_model, budget, deadline, False, span, base)
+            return self._plan(cluster, model, job, cost_model, budget, deadline, guard, False, span, base)
         # nodes of 3, 6 or 7 GPUs: first a quick pass (its floor, screens and first prices; no refinement) over
         # their power-of-two parts as classes (tp 2 and 4 fit a node of 7), then the search over whole nodes (a
         # stage of dp 6, fewer classes for mixed pipelines) with the rest of the target; the faster plan wins.
         # Both are split as the base pass splits them; a longer target's extra time goes to the whole-node
         # search, so its base pass is the base pass's own (a longer target never returns a slower plan)
         quick = base * o.shares.parts_share
-        parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, quick, quick, fallback=False)
+        parts = self._plan(cluster, model, job, cost_model, budget, deadline, guard, True, quick, quick,
+                           fallback=False)
         rest = base * max(o.shares.whole_min_share, 1 - parts.stats.notes.get("work_s", 0.0) / base)
-        whole = self._plan(cluster, model, job, cost_model, budget, deadline, False, rest + span - base, rest,
-                           fallback=not parts.plans)
+        whole = self._plan(cluster, model, job, cost_model, budget, deadline, guard, False, rest + span - base,
+                           rest, fallback=not parts.plans)
         if not parts.plans and not whole.plans:  # nothing fits whole nodes: every part template, while time lasts
-            parts = self._plan(cluster, model, job, cost_model, budget, deadline, True, span, base)
+            parts = self._plan(cluster, model, job, cost_model, budget, deadline, guard, True, span, base)
         stats = parts.stats
         stats.candidates += whole.stats.candidates
         stats.timed_out = stats.timed_out or whole.stats.timed_out
         stats.notes["work_s"] = round(stats.notes.get("work_s", 0.0) + whole.stats.notes.get("work_s", 0.0), 3)
+        if whole.stats.notes.get("guard_expired"):
+            stats.notes["guard_expired"] = True
         stats.notes["node_views"] = {name: r.scores[0] if r.scores else None
                                      for name, r in (("parts", parts), ("whole", whole))}
         ranked = sorted(zip(parts.scores + whole.scores, parts.plans + whole.plans), key=lambda x: x[0])
@@ -165,7 +173,7 @@ class ArachnePlanner:
         return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], stats)
 
     def _plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel, budget: SearchBudget,
-              deadline: Deadline, parts: bool, span: float, base_span: float,
+              deadline: Deadline, guard: Deadline, parts: bool, span: float, base_span: float,
               fallback: bool = True) -> PlannerResult:
         """One search over the cluster's classes (``parts``: odd nodes by parts) for ``span`` seconds of the
         target, of which ``base_span`` is its base pass (a longer span runs that pass as it is, then extends
@@ -201,9 +209,6 @@ class ArachnePlanner:
             return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
                                      span, deadline, self._score, work=ctx.work, last=last)
 
-        # the latency target runs on the work clock; the wall clock only guards against a machine many
-        # times slower than the one the work rates were fitted on
-        guard = Deadline(min(deadline.remaining, WALL_GUARD * whole + 1.0))
         work = WorkClock(ctx.work, cost_model)
         run = Deadline(full_target, work if o.target.clock == "work" else time.perf_counter, guard)
         phases: dict[str, float] = {}
@@ -241,7 +246,7 @@ class ArachnePlanner:
             timed = mode == "policy" and o.ablation.use_floor  # the shipped configuration keeps to its latency target
             # past the budget, pricing goes on only until one plan fits (a plan beats a timeout), and
             # never past twice the budget
-            hard = Deadline(max(0.0, 2 * deadline.seconds - deadline.elapsed))
+            hard = Deadline(max(0.0, 2 * deadline.seconds - deadline.elapsed), deadline.clock)
 
             def stop(soft: Deadline | None = None) -> bool:
                 if hard.expired():
@@ -361,6 +366,8 @@ class ArachnePlanner:
         stats.timed_out = stats.timed_out or deadline.expired()
         stats.notes["clock"] = o.target.clock
         stats.notes["work_s"] = round(work(), 3)
+        if guard.expired():  # the plan then depends on the machine's speed: say so
+            stats.notes["guard_expired"] = True
         stats.notes["work"] = asdict(work.tally())
         return PlannerResult([r[0] for r in ranked], [score(r[1]) for r in ranked], stats)
 

@@ -111,3 +111,45 @@ def test_a_warm_cost_model_does_not_change_the_work_or_the_plan():
     runs = [ArachnePlanner(target_s=0.2).plan(cl, m, job, cm, SearchBudget(time_budget_s=30)) for _ in range(2)]
     assert runs[0].stats.notes["work"] == runs[1].stats.notes["work"]
     assert runs[0].plans[0].model_dump_json() == runs[1].plans[0].model_dump_json()
+
+
+class Racing:
+    """A clock that finds ``step`` seconds gone at every look (a machine loaded far past its cores)."""
+
+    def __init__(self, step: float = 10.0):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def odd_problem():
+    cl = cluster_from_dict({"name": "o", "nodes": [
+        {"name": "h{i}", "count": 2, "gpu": "H100", "gpus_per_node": 6},
+        {"name": "a{i}", "count": 2, "gpu": "A100-40", "gpus_per_node": 8}]})
+    return cl, model_catalog().get("GPT-3-1.3B"), Job(global_batch_size=64, sequence_length=1024)
+
+
+def plan_odd(budget_s: float = 30.0):
+    cl, m, job = odd_problem()
+    r = ArachnePlanner(target_s=0.1).plan(cl, m, job, CostModel(cl), SearchBudget(time_budget_s=budget_s))
+    return r.plans[0].model_dump_json(), r.stats.notes
+
+
+@pytest.mark.slow
+def test_a_racing_wall_clock_changes_neither_the_work_nor_the_plan(monkeypatch):
+    """The budget and the guard count the planning thread's CPU seconds: a loaded machine, whose wall clock
+    runs ahead of the work done, gets the same plan after the same work (nodes of 6: both node views)."""
+    calm, calm_notes = plan_odd(budget_s=5.0)
+    monkeypatch.setattr(time, "perf_counter", Racing())
+    loaded, notes = plan_odd(budget_s=5.0)
+    assert loaded == calm and notes["work"] == calm_notes["work"] and "guard_expired" not in notes
+
+
+def test_a_spent_cpu_guard_still_returns_a_plan_and_says_so(monkeypatch):
+    """Where the thread's CPU time runs out (a machine many times slower than the work rates say), the run
+    stops early, still returns a plan, and its notes say the plan depended on the machine's speed."""
+    monkeypatch.setattr(time, "thread_time", Racing())
+    plan, notes = plan_odd()
+    assert plan and notes["guard_expired"] is True
