@@ -29,9 +29,14 @@ from arachne.plan import Plan
 from arachne.planners.arachne.actions import STAGE_COUNTS  # noqa: F401 (re-exported)
 from arachne.planners.arachne.completion.batch import mbs_candidates
 from arachne.planners.arachne.completion.modern import LONG_SEQUENCE
-from arachne.planners.arachne.completion.place import cap_replicas, placements
+from arachne.planners.arachne.completion.place import cap_replicas
 from arachne.planners.arachne.completion.plan_edits import recomputes
-from arachne.planners.arachne.completion.price import ALT_WITHIN, P2P_SHARE, build_plan, split_and_share
+from arachne.planners.arachne.completion.price import (
+    ALT_WITHIN,
+    P2P_SHARE,
+    build_plan,
+    split_and_share,
+)
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.rules_view import template_ok
@@ -83,6 +88,12 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     uniform_nodes,
     unrecomputed,
 )
+from arachne.planners.arachne.seed_sizes import (  # noqa: F401
+    SEED_SIZES,
+    placed_once,
+    quick_time,
+    seed_sizes,
+)
 from arachne.planners.arachne.seed_templates import (  # noqa: F401 (re-exported)
     MIXED_LOCKSTEP_DEGREES,
     mixed_lockstep_templates,
@@ -122,8 +133,6 @@ hold-out seed163/rob-003 wins from, 1.685x -> 1.020x)."""
 SEED_DEPTHS = 2
 """Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`; deeper again
 (each :func:`next_depth` of the last) while the deeper depth prices faster."""
-SEED_SIZES = 3
-"""Micro-batch sizes per template (:func:`seed_sizes`)."""
 NODES_TPS = 2
 """The tp degrees the largest uniform sub-cluster is seeded at (:func:`uniform_nodes`, ``seed_plans``' nodes pass)."""
 AROUND_SHARE = 0.5
@@ -198,48 +207,6 @@ def lockstep_class(ctx: PlanningContext, kin: list[int], tp: int, stages: int, p
     return max(kin, key=lambda i: (speed(i), -kin.index(i)))
 
 
-
-
-def _placed(t: Template, ctx: PlanningContext, cache: dict) -> list:
-    """The placements of ``t`` (counted as work once per template, then cached)."""
-    if t not in cache:
-        ctx.work.placed_slots += sum(len(g.slots) * g.replicas for g in t.groups)
-        cache[t] = placements(t, ctx)
-    return cache[t]
-
-
-def quick_time(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> float:
-    """The completion's own time model of ``tpl`` at ``mbs`` (fill and steady state; no gradient sync), without
-    recomputation or, if nothing fits without, with it; infinite when it cannot complete."""
-    t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
-    lays = _placed(t, ctx, cache)
-    for recompute in (False, True):
-        r = split_and_share(t, ctx, mbs, recompute, lays[0]) if lays else None
-        if r is not None:
-            return r[2]
-    return float("inf")
-
-
-def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict, smallest: bool = False) -> list[int]:
-    """Micro-batch sizes worth pricing: the two largest (the fewest micro-batches: the longest backward to hide
-    the gradient reduction behind, as data-parallel plans want; the largest often only with recomputation), then
-    the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want). Without data
-    parallelism (one pipeline, every stage dp 1) there is no reduction to hide: the fastest by
-    :func:`quick_time` that fit, one fewer. ``smallest``: the smallest (one sequence per GPU of the
-    widest stage: the most micro-batches, the smallest bubble, as Megatron's grid runs a deep pipeline)."""
-    opts = sorted(mbs_candidates(tpl, ctx.job), reverse=True)
-    if smallest:
-        return opts[-1:]
-    if not any(s.dp > 1 for g in tpl.groups for s in g.slots) and sum(g.replicas for g in tpl.groups) == 1:
-        quick = sorted((quick_time(tpl, ctx, b, cache), -b) for b in opts)
-        return [-b for q, b in quick[: SEED_SIZES - 1] if q < float("inf")]
-    if len(opts) <= SEED_SIZES:
-        return opts
-    top = opts[:2]
-    quick = sorted((quick_time(tpl, ctx, b, cache), b) for b in opts[2:])
-    return top + [b for q, b in quick[: SEED_SIZES - 2] if q < float("inf")]
-
-
 def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[Plan], bool],
                   cache: dict | None = None, deadline: Deadline | None = None,
                   convert: Callable[[Plan], Plan | None] | None = None) -> list[Priced]:
@@ -247,12 +214,12 @@ def complete_seed(tpl: Template, ctx: PlanningContext, mbs: int, ok: Callable[[P
     shared by the completion's rule and evenly on each placement, and evenly in Megatron's lock-step form
     (:func:`merged`; an MoE model's also at the expert-parallel degrees of :func:`expert_parallel_forms`), each
     with the gradient reduction overlapped where the rules allow (:func:`overlapped`): every one that fits.
-    ``cache``: placements by template (see :func:`_placed`); no estimate once ``deadline`` expires. ``convert``:
-    each plan is rewritten by it before it is priced (a proxy job's plan as the real job's, :mod:`.long_context`;
-    None: not a candidate)."""
+    ``cache``: placements by template (:func:`~.seed_sizes.placed_once`); no estimate once ``deadline`` expires.
+    ``convert``: each plan is rewritten by it before it is priced (a proxy job's plan as the real job's,
+    :mod:`.long_context`; None: not a candidate)."""
     cm = ctx.cost_model
     t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
-    lays = _placed(t, ctx, {} if cache is None else cache)
+    lays = placed_once(t, ctx, {} if cache is None else cache)
     if not lays:
         return []
 
@@ -462,6 +429,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         found: list[Priced] = []
         slow = much_slower_networks([ctx.classes[i] for i in sub])
         fast = tuple(i for i in sub if i not in slow)
+        walks: list[tuple[int, int | None, float]] = []  # (tp, its shallowest depth that fits, its fastest seed)
         for tp in tp_order(ctx, sub, tp_options(ctx.model, size), tps)[:NODES_TPS]:
             depth = None  # the shallowest that fits
             for S in seed_depths(L):
@@ -472,9 +440,17 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                     if more is None or more:
                         found, depth = found + (more or []), S if more else None
                         break
+            walks.append((tp, depth, fastest(found)))
             if not ctx.model.is_moe and depth != 1:  # (an MoE model's comes from the walk over its subsets)
                 found += complete_all(mixed_lockstep_templates(ctx, fast, tp, dense=True), smallest=True,
                                       until=share)
+        for tp, depth, best in walks if ctx.model.is_moe else ():  # then an MoE model's type-oblivious stages
+            for S in (d for d in seed_depths(L) if depth and d > depth and L % d == 0):  # deeper, as Megatron's
+                more = complete_all(spanning_lockstep_templates(ctx, sub, tp, S)[-1:], smallest=True, until=share)
+                found += more  # grid runs the depth that pays (seed150/rob-004: 4 stages over L40S and A10 nodes)
+                if fastest(more) <= best or share.expired():
+                    break
+                best = fastest(more)
         return found
 
     pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths

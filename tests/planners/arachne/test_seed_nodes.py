@@ -174,3 +174,48 @@ def test_a_dense_model_gets_the_type_oblivious_lock_step_pipeline_of_node_wide_s
 def test_the_planner_passes_megatron_oblivious_on_llama_3_8b_over_node_wide_stages():
     runs = throughputs(ROB014, "LLaMA-3-8", 512, 512, ("arachne", "megatron-oblivious"))
     assert runs["arachne"] >= runs["megatron-oblivious"]
+
+
+
+ROB004 = {"name": "rob-004", "nodes": [
+    {"name": "t4-x2-{i}", "count": 7, "gpu": "T4", "gpus_per_node": 2, "inter_node_gbps": 25},
+    {"name": "titan-rtx-x4-{i}", "count": 9, "gpu": "Titan-RTX", "gpus_per_node": 4, "inter_node_gbps": 1.25,
+     "zone": "row-5"},
+    {"name": "t4-x8-{i}", "count": 2, "gpu": "T4", "gpus_per_node": 8},
+    {"name": "a10-x8-{i}", "count": 5, "gpu": "A10", "gpus_per_node": 8},
+    {"name": "rtx-3090-x1-{i}", "count": 44, "gpu": "RTX-3090", "gpus_per_node": 1},
+    {"name": "p100-x4-{i}", "count": 10, "gpu": "P100", "gpus_per_node": 4},
+    {"name": "l40s-x8-{i}", "count": 3, "gpu": "L40S", "gpus_per_node": 8, "zone": "row-3"}]}
+"""Fresh hold-out seed150/rob-004: 214 GPUs of seven classes; megatron-oblivious ran DeepSeek-MoE-16B (a batch of
+384 x 1,024) as one lock-step pipeline of 4 stages, each data parallel over 16 GPUs of the L40S and A10 nodes of 8."""
+
+
+@pytest.mark.slow
+def test_an_moe_models_type_oblivious_stages_over_the_uniform_nodes_go_deeper_while_faster(monkeypatch):
+    """The pass over the largest uniform sub-cluster priced an MoE model's type-oblivious lock-step stage at its
+    shallowest depth only (one stage of dp 64 over L40S and A10 nodes: 55,614 tokens/s at best); Megatron's grid
+    runs the depth that pays. Deeper at the depths that divide the 28 blocks, while each prices faster: 2 stages,
+    then 4 (dp 16), the fastest."""
+    cl = cluster_from_dict(ROB004)
+    ctx = PlanningContext(cl, model_catalog().get("DeepSeek-MoE-16B"), Job(global_batch_size=384,
+                                                                              sequence_length=1024), CostModel(cl))
+    sub, size = seeds.uniform_nodes(ctx)
+    got: dict[int, float] = {}
+    real = seeds.complete_seed
+
+    def logged(tpl, ctx_, mbs, *a, **k):
+        out = real(tpl, ctx_, mbs, *a, **k)
+        g = tpl.groups[0]
+        if len(tpl.groups) == 1 and g.replicas == 1 and set(g.slots[0].span) == {sub[0], sub[1]}:
+            got[len(g.slots)] = max([e.tokens_per_s for _, e in out] + [got.get(len(g.slots), 0.0)])
+        return out
+
+    monkeypatch.setattr(seeds, "complete_seed", logged)
+    seeds.seed_plans(ctx, Deadline(60), first={"L40S"}, tps={1})
+    assert {1, 2, 4} <= set(got) and got[4] > max(got[1], got[2])
+
+
+@pytest.mark.slow
+def test_the_planner_passes_megatron_oblivious_on_deepseek_moe_over_four_type_oblivious_stages():
+    runs = throughputs(ROB004, "DeepSeek-MoE-16B", 384, 1024, ("arachne", "megatron-oblivious"))
+    assert runs["arachne"] >= runs["megatron-oblivious"]

@@ -6,7 +6,8 @@ import pytest
 
 from arachne.cost import CostModel
 from arachne.plan import validate_plan
-from arachne.planners.arachne import seeds
+from arachne.planners.arachne import seed_sizes, seeds
+from arachne.planners.arachne.completion.place import placements
 from arachne.planners.arachne.completion.plan_edits import recomputes
 from arachne.planners.arachne.completion.price import ALT_WITHIN
 from arachne.planners.arachne.context import PlanningContext
@@ -478,7 +479,7 @@ def test_without_data_parallelism_seed_sizes_are_the_quickest_that_fit(monkeypat
     deep = Template((Group((Slot(0, 1),) * 4, 1),))
     wide = Template((Group((Slot(0, 1),), 8),))
     sizes = sorted(seeds.mbs_candidates(deep, ctx.job))
-    monkeypatch.setattr(seeds, "quick_time", lambda t, c, b, cache: float("inf") if b == sizes[0] else float(b))
+    monkeypatch.setattr(seed_sizes, "quick_time", lambda t, c, b, cache: float("inf") if b == sizes[0] else float(b))
     assert seeds.seed_sizes(deep, ctx, {}) == sizes[1:seeds.SEED_SIZES]  # the smallest does not fit
     largest = sorted(seeds.mbs_candidates(wide, ctx.job), reverse=True)[:2]
     assert seeds.seed_sizes(wide, ctx, {})[:2] == largest
@@ -491,7 +492,7 @@ def test_a_seed_behind_slow_links_is_also_priced_with_the_split_that_balances_it
     the search's completion does."""
     ctx = ctx_for([("H100", 7, 8, 3.125)], model="BLOOM-176B", gbs=64, seq=1024, sequence_parallel=True)
     tpl = Template((Group((Slot(0, 4),) * 14, 1),))
-    plain = seeds.split_and_share(tpl, ctx, 1, False, seeds.placements(tpl, ctx)[0])
+    plain = seeds.split_and_share(tpl, ctx, 1, False, placements(tpl, ctx)[0])
     priced = seeds.complete_seed(tpl, ctx, 1, lambda _p: True)
     best_plan, best = max(priced, key=lambda r: r[1].tokens_per_s)
     layers = [st.num_layers for st in best_plan.pipelines[0].stages]
