@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from arachne.cli.common import console, handle_errors, print_assumptions
+from arachne.cli.common import console, handle_errors, note, print_assumptions
 from arachne.spec.job import MAX_GLOBAL_BATCH_SIZE
 
 
@@ -97,6 +97,9 @@ def register(app: typer.Typer) -> None:
         options = {"target_s": target} if target is not None else {}
         plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget, legality, goal, **options)
         print_assumptions(cl, cluster)
+        if result.stats.notes.get("guard_expired"):
+            note("planning stopped at its CPU-time guard (--time-budget, or 4x --target plus 1 s) before its work "
+                 "target: this plan depends on how fast this machine is")
         if output is not None:
             plan_doc.save(output)
         if plot is not None:

@@ -25,8 +25,17 @@ def test_cost_objective_prints_usd_and_writes_the_cost_keys(tmp_path):
     res = invoke("plan", "--cluster", CLUSTER, *JOB, "--objective", "cost", "-o", out)
     assert res.exit_code == 0, res.output
     assert "per million tokens" in res.stdout and "per hour" in res.stdout
+    assert "guard" not in res.stderr  # (a run within its budget says nothing about it)
     est = json.loads(out.read_text())["estimate"]
     assert est["cost_per_hour"] > 0 and est["cost_per_million_tokens"] > 0
+
+
+def test_a_budget_spent_before_the_work_target_still_gives_a_plan_and_says_so():
+    """The budget counts the planner's CPU seconds; where it ends the search early, the plan depends on the
+    machine's speed, and a note on stderr says so."""
+    res = invoke("plan", "--cluster", CLUSTER, "--model", "OPT-350M", "-b", "32", "-s", "1024", "--time-budget", "0.01")
+    assert res.exit_code == 0, res.output
+    assert "tokens/s" in res.stdout and "note: planning stopped at its CPU-time guard" in res.stderr
 
 
 def test_bad_flags_exit_2_with_one_line(write_doc):
