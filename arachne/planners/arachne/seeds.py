@@ -441,9 +441,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                         found, depth = found + (more or []), S if more else None
                         break
             walks.append((tp, depth, fastest(found)))
-            if not ctx.model.is_moe and depth != 1:  # (an MoE model's comes from the walk over its subsets)
-                found += complete_all(mixed_lockstep_templates(ctx, fast, tp, dense=True), smallest=True,
-                                      until=share)
+            if not ctx.model.is_moe:  # (an MoE model's comes from the walk over its subsets)
+                forms = mixed_lockstep_templates(ctx, fast, tp, dense=True)
+                found += complete_all(forms if depth != 1 else forms[:1], smallest=True, until=share)
         for tp, depth, best in walks if ctx.model.is_moe else ():  # then an MoE model's type-oblivious stages
             for S in (d for d in seed_depths(L) if depth and d > depth and L % d == 0):  # deeper, as Megatron's
                 more = complete_all(spanning_lockstep_templates(ctx, sub, tp, S)[-1:], smallest=True, until=share)
