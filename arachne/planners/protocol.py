@@ -24,9 +24,10 @@ class SearchBudget:
     seed: int = 0
     top_k: int = 16
     progress: bool = False  # show a rich progress bar on stderr
+    cpu: bool = False  # count the budget in CPU seconds of the calling thread (load-independent), not on the wall
 
     def deadline(self) -> "Deadline":
-        return Deadline(self.time_budget_s)
+        return Deadline(self.time_budget_s, time.thread_time if self.cpu else None)
 
 
 class Deadline:

@@ -115,13 +115,16 @@ over all GPUs as if identical."""
 def framework_floor(cluster: Cluster, model, job, cost_model, budget, score) -> list[tuple[float, Plan]]:
     """Under a framework's rules (one pipeline structure for all replicas), the plans of that framework's own
     grid, as a floor the search must beat: (score, plan) for each that fits, ``score`` being the planner's
-    ranking (lower is better). The harness checks every rule on them like on any other plan."""
+    ranking (lower is better). The harness checks every rule on them like on any other plan. The grid's budget
+    counts CPU seconds, as the arachne planner's does: the floor, too, is the same under any load."""
+    from dataclasses import replace
+
     from arachne.planners.registry import get_planner
 
     out: list[tuple[float, Plan]] = []
     for name, opts in FRAMEWORK_GRIDS:
         try:
-            res = get_planner(name, **opts).plan(cluster, model, job, cost_model, budget)
+            res = get_planner(name, **opts).plan(cluster, model, job, cost_model, replace(budget, cpu=True))
         except (ValueError, RuntimeError):  # a grid with no layout for this problem: no floor from it
             continue
         for p in res.plans[: max(1, budget.top_k)]:

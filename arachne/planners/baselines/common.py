@@ -325,9 +325,9 @@ def harness_walk(ranked: Iterable[tuple[float, Plan]], cost: CostModel, k: int, 
     satisfy the rules. Returns (plans, scores, dropped, invalid)."""
     plans, scores = [], []
     dropped = invalid = 0
-    stop_at = time.perf_counter() + deadline.remaining + grace_s
+    stop_at = deadline.clock() + deadline.remaining + grace_s  # (on the budget's own clock)
     for score, plan in ranked:
-        if len(plans) >= k or (plans and time.perf_counter() > stop_at):
+        if len(plans) >= k or (plans and deadline.clock() > stop_at):
             break
         best: tuple[float, Plan] | None = None
         for cand in (variants(plan) if variants else [plan]):

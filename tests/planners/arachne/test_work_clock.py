@@ -153,3 +153,28 @@ def test_a_spent_cpu_guard_still_returns_a_plan_and_says_so(monkeypatch):
     monkeypatch.setattr(time, "thread_time", Racing())
     plan, notes = plan_odd()
     assert plan and notes["guard_expired"] is True
+
+
+def test_a_cpu_budget_counts_the_threads_cpu_seconds(monkeypatch):
+    monkeypatch.setattr(time, "thread_time", Racing(100.0))
+    assert SearchBudget(time_budget_s=50, cpu=True).deadline().expired()
+    assert not SearchBudget(time_budget_s=50).deadline().expired()  # (the wall clock: baselines by default)
+
+
+def test_the_framework_floor_runs_its_grid_on_the_same_cpu_budget(monkeypatch):
+    """Under a framework's rules the arachne planner prices that framework's own grid as a floor: its budget too
+    counts CPU seconds, so the floor does not depend on the load either."""
+    from arachne.planners import registry
+    from arachne.planners.arachne.rules_view import framework_floor
+
+    seen = []
+
+    class Grid:
+        def plan(self, cluster, model, job, cost_model, budget):
+            seen.append(budget)
+            raise ValueError("no layout")
+
+    monkeypatch.setattr(registry, "get_planner", lambda name, **opts: Grid())
+    cl, m, job = odd_problem()
+    assert framework_floor(cl, m, job, CostModel(cl), SearchBudget(time_budget_s=5), lambda e: 0.0) == []
+    assert seen and all(b.cpu and b.time_budget_s == 5 for b in seen)
