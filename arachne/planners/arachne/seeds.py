@@ -66,6 +66,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     batch_shares,
     class_pinned,
     class_subsets,
+    deeper_divisor,
     equal_share_seeded,
     equal_share_subsets,
     equal_share_type,
@@ -445,12 +446,13 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 forms = mixed_lockstep_templates(ctx, fast, tp, dense=True)
                 found += complete_all(forms if depth != 1 else forms[:1], smallest=True, until=share)
         for tp, depth, best in walks if ctx.model.is_moe else ():  # then an MoE model's type-oblivious stages
-            for S in (d for d in seed_depths(L) if depth and d > depth and L % d == 0):  # deeper, as Megatron's
+            S = deeper_divisor(L, depth) if depth else None  # deeper while faster, as Megatron's grid runs the
+            while S is not None:  # depth that pays (seed150/rob-004: 4 stages over its L40S and A10 nodes)
                 more = complete_all(spanning_lockstep_templates(ctx, sub, tp, S)[-1:], smallest=True, until=share)
-                found += more  # grid runs the depth that pays (seed150/rob-004: 4 stages over L40S and A10 nodes)
+                found += more
                 if fastest(more) <= best or share.expired():
                     break
-                best = fastest(more)
+                best, S = fastest(more), deeper_divisor(L, S)
         return found
 
     pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths

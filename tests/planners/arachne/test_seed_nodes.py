@@ -193,6 +193,13 @@ ROB004 = {"name": "rob-004", "nodes": [
 384 x 1,024) as one lock-step pipeline of 4 stages, each data parallel over 16 GPUs of the L40S and A10 nodes of 8."""
 
 
+def test_the_type_oblivious_stages_go_deeper_at_most_twice_as_deep_at_depths_that_divide_the_blocks():
+    assert [seeds.deeper_divisor(28, d) for d in (1, 2, 4)] == [2, 4, None]  # (DeepSeek-MoE-16B: 7 is no seed depth)
+    assert seeds.deeper_divisor(61, 1) is None  # DeepSeek-V3: the next divisor is 61 stages
+    assert [seeds.deeper_divisor(32, d) for d in (1, 2, 4, 8, 16, 32)] == [2, 4, 8, 16, 32, None]
+    assert seeds.deeper_divisor(94, 2) is None and seeds.deeper_divisor(94, 1) == 2
+
+
 @pytest.mark.slow
 def test_an_moe_models_type_oblivious_stages_over_the_uniform_nodes_go_deeper_while_faster(monkeypatch):
     """The pass over the largest uniform sub-cluster priced an MoE model's type-oblivious lock-step stage at its
