@@ -442,9 +442,9 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                         found, depth = found + (more or []), S if more else None
                         break
             walks.append((tp, depth, fastest(found)))
-            if not ctx.model.is_moe:  # (an MoE model's comes from the walk over its subsets)
-                forms = mixed_lockstep_templates(ctx, fast, tp, dense=True)
-                found += complete_all(forms if depth != 1 else forms[:1], smallest=True, until=share)
+            if not ctx.model.is_moe and depth != 1:  # (an MoE model's comes from the walk over its subsets)
+                found += complete_all(mixed_lockstep_templates(ctx, fast, tp, dense=True), smallest=True,
+                                      until=share)
         for tp, depth, best in walks if ctx.model.is_moe else ():  # then an MoE model's type-oblivious stages
             S = deeper_divisor(L, depth) if depth else None  # deeper while faster, as Megatron's grid runs the
             while S is not None:  # depth that pays (seed150/rob-004: 4 stages over its L40S and A10 nodes)
