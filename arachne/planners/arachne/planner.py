@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from itertools import zip_longest
 from typing import Any
 
@@ -136,7 +136,7 @@ class ArachnePlanner:
         o = self.options
         # the caller's budget in CPU seconds of this thread: a loaded machine stretches the wall time, not the
         # search, so the same input gets the same plan under any load
-        deadline = Deadline(budget.time_budget_s, time.thread_time)
+        deadline = replace(budget, cpu=True).deadline()
         span = o.target.target_s
         base = min(span, BASE_TARGET_S)  # the base pass, which a longer target runs first and then extends
         # the latency target runs on the work clock; CPU time only guards the whole run (every pass of it)
