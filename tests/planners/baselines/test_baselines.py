@@ -235,7 +235,9 @@ def test_a_model_bigger_than_the_cluster_fails_before_any_search(planner, monkey
                     budget=SearchBudget(time_budget_s=60))
 
 
-@pytest.mark.parametrize("planner", BASELINES)
+@pytest.mark.parametrize(
+    "planner", [pytest.param(p, marks=pytest.mark.slow) if p == "metis" else p for p in BASELINES]
+)  # Metis's search takes ~5 s here, most of the fast tier's minute
 def test_a_baseline_told_the_rules_ranks_only_plans_they_allow(planner: str) -> None:
     """Under Megatron-LM's rules (one structure for every replica, its layer split, ZeRO 0/1) every plan a
     baseline ranks can satisfy them, so its best legal plan is not crowded out of its top-k."""
