@@ -13,7 +13,7 @@ from arachne.cost import CostModel
 from arachne.plan_rules import uses_v2
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.completion.modern import MODERN_SHARE, modern_pass
-from arachne.planners.arachne.completion.polish import polish_splits
+from arachne.planners.arachne.completion.polish import polish_splits, type_led
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.learned.features import FeatureBuilder
 from arachne.planners.arachne.learned.policy import Policy, shipped_policy
@@ -47,6 +47,7 @@ from arachne.spec.runtimes import Legality
 
 CPU_GUARD = 4.0  # the run stops at this many times its target (plus 1 s) in CPU seconds, whatever the work clock says
 FINAL_POLISH_SHARE = 0.03  # of the target, at most, for the winner's stage boundaries after the knobs
+TYPE_LED_SLACK = 0.05  # another GPU type leading the winner's pipelines is polished where it prices within this
 
 
 def _contiguous(plan) -> bool:
@@ -405,8 +406,22 @@ class ArachnePlanner:
         if best is None or not _contiguous(best[0]) or all(len(p.stages) < 2 for p in best[0].pipelines):
             return []
         rules, cluster = self.legality, cost_model.cluster
-        better = polish_splits(*best, cost_model, deadline=until,
-                               ok=None if rules is None else lambda p: not rules.errors(p, cluster))
+        ok = None if rules is None else lambda p: not rules.errors(p, cluster)
+        better = polish_splits(*best, cost_model, deadline=until, ok=ok)
+        # then each other GPU type leading the pipelines (its stages as they are; what runs the embedding and the
+        # output layer moves the slowest stage), polished on a clock of its own as long as the first polish's where
+        # it prices within TYPE_LED_SLACK of the plan (a lead that pays once the boundaries follow it)
+        for cand in type_led(best[0], lambda d: cluster.devices[d].gpu.name):
+            if until.cap is not None and until.cap.expired():
+                break
+            if ok is not None and not ok(cand):
+                continue
+            e = cost_model.estimate(cand, validate=False)
+            if e.fits and e.iteration_time_s < best[1].iteration_time_s * (1 + TYPE_LED_SLACK):
+                led = polish_splits(cand, e, cost_model, deadline=Deadline(until.seconds, until.clock, until.cap),
+                                    ok=ok)
+                if led[1].iteration_time_s < better[1].iteration_time_s * (1 - 1e-6):
+                    better = led
         return [better] if better[0] is not best[0] else []
 
     def _extend(self, ctx: PlanningContext, pricer: Pricer, screened: list, until: Deadline,

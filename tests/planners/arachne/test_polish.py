@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from arachne.cost import CostModel
 from arachne.plan import plan_from_dict, validate_plan
-from arachne.planners.arachne.completion.polish import polish_splits, split_neighbours
+from arachne.planners.arachne.completion.polish import polish_splits, split_neighbours, type_led
 from arachne.planners.arachne.planner import ArachnePlanner
 from arachne.planners.protocol import Deadline
 from arachne.spec.cluster import cluster_from_dict
@@ -89,3 +89,61 @@ def test_the_final_winner_has_its_stage_boundaries_moved_as_it_runs_overlapped()
     assert kept.pipelines[0].stages[0].layers == (0, 12)
     # the fastest plan already balanced: nothing
     assert ArachnePlanner()._polish_final([(better, est)], cm, Deadline(10.0)) == []
+
+
+ROB006 = {"name": "rob-006", "nodes": [
+    {"name": "t4-x1-{i}", "count": 26, "gpu": "T4", "gpus_per_node": 1, "inter_node_gbps": 100, "zone": "row-0"},
+    {"name": "h100-x8-{i}", "count": 11, "gpu": "H100", "gpus_per_node": 8, "inter_node_gbps": 50},
+    {"name": "rtx-2080-ti-x2-{i}", "count": 14, "gpu": "RTX-2080-Ti", "gpus_per_node": 2},
+    {"name": "rtx-2080-ti-x8-{i}", "count": 4, "gpu": "RTX-2080-Ti", "gpus_per_node": 8},
+    {"name": "a100-80-x4-{i}", "count": 4, "gpu": "A100-80", "gpus_per_node": 4, "inter_node_gbps": 3.125},
+    {"name": "a100-80-x8-{i}", "count": 2, "gpu": "A100-80", "gpus_per_node": 8},
+    {"name": "gh200-x1-{i}", "count": 48, "gpu": "GH200", "gpus_per_node": 1},
+    {"name": "gh200-x8-{i}", "count": 6, "gpu": "GH200", "gpus_per_node": 8, "inter_node_gbps": 100}]}
+"""Fresh hold-out seed135/rob-006: 414 GPUs of six types."""
+
+
+def _h100_led(bounds=(3, 7, 12, 16, 20, 24, 28)):
+    """The arachne planner's plan on seed135/rob-006 before the type-led polish: LLaMA-2-7B, a batch of 32 x 4,096,
+    four pipelines of five tp-4 stages on H100 nodes, then three on GH200 nodes."""
+    edges = [0, *bounds, 32]
+    pipes = []
+    for r in range(4):
+        nodes = [f"h100-x8-{2 * j + r // 2}" for j in range(5)] + [f"gh200-x8-{2 * j + r // 2}" for j in range(3)]
+        pipes.append({"micro_batches": 8, "stages": [
+            {"layers": [a, b], "tp": 4, "sequence_parallel": True,
+             "devices": [f"{n}:{4 * (r % 2) + g}" for g in range(4)]} for n, a, b in zip(nodes, edges, edges[1:])]})
+    return plan_from_dict({"format": "arachne-plan/2", "model": "LLaMA-2-7B", "global_batch_size": 32,
+                           "sequence_length": 4096, "micro_batch_size": 1, "zero_stage": 1,
+                           "overlap_grad_reduce": True, "overlap_param_gather": True, "pipelines": pipes}, "test")
+
+
+def test_each_other_gpu_type_leads_with_its_stages_as_they_are():
+    cl = cluster_from_dict(ROB006)
+    p = _h100_led()
+    (led,) = type_led(p, lambda d: cl.devices[d].gpu.name)
+    validate_plan(led, cl, model_catalog().get("LLaMA-2-7B"))
+    for before, after in zip(p.pipelines, led.pipelines):
+        assert [s.devices for s in after.stages] == [s.devices for s in before.stages[5:] + before.stages[:5]]
+        assert [s.layers for s in after.stages] == [(0, 4), (4, 8), (8, 12), (12, 15), (15, 19), (19, 24),
+                                                    (24, 28), (28, 32)]  # each stage keeps its block count
+        assert all(s.tp == 4 and s.sequence_parallel for s in after.stages)
+    assert type_led(plan([3, 6, 9]), lambda d: "one type") == []
+
+
+def test_the_final_polish_also_polishes_each_other_gpu_type_leading():
+    """seed135/rob-006: the planner's plan led by its H100 stages, polished, was 0.974x Megatron's grid over the
+    same nodes (``megatron-oblivious``: 8 stages of tp 4 x dp 4, the GH200 nodes first, 349,051 tokens/s); led by
+    the GH200 stages it is slower until the boundaries follow (polished, it passes it)."""
+    cl = cluster_from_dict(ROB006)
+    cm = CostModel(cl)
+    p = _h100_led()
+    e = cm.estimate(p)
+    assert e.tokens_per_s < 0.98 * 349_051
+    assert polish_splits(p, e, cm)[1].tokens_per_s < 349_051  # the boundaries alone do not get there
+    (led,) = type_led(p, lambda d: cl.devices[d].gpu.name)
+    assert cm.estimate(led).tokens_per_s < e.tokens_per_s  # nor the lead alone
+    ((better, est),) = ArachnePlanner()._polish_final([(p, e)], cm, Deadline(10.0))
+    assert est.tokens_per_s > 349_051
+    assert better.pipelines[0].stages[0].devices[0].startswith("gh200")
+    validate_plan(better, cl, model_catalog().get("LLaMA-2-7B"))
