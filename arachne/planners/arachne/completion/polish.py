@@ -114,13 +114,12 @@ def type_led(plan: Plan, gpu_of: Callable[[str], str]) -> list[Plan]:
             if k >= len(b):
                 pipes.append(p)
                 continue
-            order = [s for s in b[k]] + [s for j, blk in enumerate(b) if j != k for s in blk]
+            order = b[k] + [s for j, blk in enumerate(b) if j != k for s in blk]
             edges, stages = 0, []
             for s in order:
                 n = s.layers[1] - s.layers[0]
                 stages.append(s.model_copy(update={"layers": (edges, edges + n)}))
                 edges += n
-            pipes.append(Pipeline.model_construct(micro_batches=p.micro_batches, micro_batch_size=p.micro_batch_size,
-                                                  stages=tuple(stages)))
+            pipes.append(p.model_copy(update={"stages": tuple(stages)}))
         cands.append(plan.model_copy(update={"pipelines": tuple(pipes)}))
     return cands
