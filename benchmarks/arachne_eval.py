@@ -225,7 +225,8 @@ def latency(a) -> None:
         by.setdefault(min(common.TIERS, key=lambda t: abs(t - r["gpus"])), []).append(r)
     summary = [{"gpus": k, "cases": len(v), "arachne_median_s": statistics.median(r["arachne_s"] for r in v),
                 "arachne_max_s": max(r["arachne_s"] for r in v),
-                "arachne_median_cpu_s": statistics.median(r["arachne_cpu_s"] for r in v)}
+                "arachne_median_cpu_s": statistics.median(r["arachne_cpu_s"] for r in v),
+                "arachne_median_work_s": statistics.median(r["arachne_work_s"] or 0.0 for r in v)}
                for k, v in sorted(by.items())]
     reached = [r["speedup"] for r in rows if math.isfinite(r["speedup"])]
     common.print_table("arachne planning time by cluster size", summary)

@@ -422,9 +422,11 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         that needs a pipeline there, the lock-step pipeline over its GPU types at once
         (:func:`mixed_lockstep_templates`) without the classes on a much slower network
         (:func:`~.search.rules.much_slower_networks`), within :data:`AROUND_SHARE` of the time left (decisions
-        0032, 0040)."""
+        0032, 0040). Where the walk below already holds those classes as a subset, only the dense lock-step
+        pipeline (the walk has no such form; decision 0043)."""
         got = uniform_nodes(ctx) if multiple == 1 else None
-        if got is None or got[0] in class_subsets(ctx, first):
+        walked = got is not None and got[0] in class_subsets(ctx, first)
+        if got is None or walked and ctx.model.is_moe:
             return []
         (sub, size), share = got, deadline.child(deadline.remaining * AROUND_SHARE)
         found: list[Priced] = []
@@ -433,7 +435,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         walks: list[tuple[int, int | None, float]] = []  # (tp, its shallowest depth that fits, its fastest seed)
         for tp in tp_order(ctx, sub, tp_options(ctx.model, size), tps)[:NODES_TPS]:
             depth = None  # the shallowest that fits
-            for S in seed_depths(L):
+            for S in seed_depths(L) if not walked else ():
                 if S > L or share.expired():
                     break
                 if holds_state(ctx, sub, tp, S):

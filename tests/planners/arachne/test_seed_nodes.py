@@ -177,6 +177,53 @@ def test_the_planner_passes_megatron_oblivious_on_llama_3_8b_over_node_wide_stag
 
 
 
+ROB028 = {"name": "rob-028", "nodes": [
+    {"name": "a10g-x2-{i}", "count": 5, "gpu": "A10G", "gpus_per_node": 2},
+    {"name": "h200-x8-{i}", "count": 4, "gpu": "H200", "gpus_per_node": 8, "inter_node_gbps": 100},
+    {"name": "h800-x8-{i}", "count": 4, "gpu": "H800", "gpus_per_node": 8}]}
+"""Fresh hold-out seed142/rob-028: 74 GPUs; megatron-oblivious ran LLaMA-2-7B (a batch of 128 x 512) as one
+lock-step pipeline of 8 stages, each data parallel over one node of 8 (the H200 nodes, then the H800 nodes)."""
+
+
+def test_where_the_walk_holds_the_uniform_nodes_a_dense_model_still_gets_their_lock_step_pipeline(monkeypatch):
+    """The incumbent runs on the H200 and H800 nodes, so the walk over subsets starts there and the uniform nodes'
+    pass stood down, and with it the one form the walk has not: the lock-step pipeline of node-wide stages
+    (seed142/rob-028: 0.987x megatron-oblivious; decision 0043). Its walk by depth stays the walk's."""
+    cl = cluster_from_dict(ROB028)
+    ctx = PlanningContext(cl, model_catalog().get("LLaMA-2-7B"), Job(global_batch_size=128, sequence_length=512),
+                          CostModel(cl))
+    sub, size = seeds.uniform_nodes(ctx)
+    first = {"H200-SXM-141GB", "H800-SXM5-80GB"}
+    assert size == 8 and sub in seeds.class_subsets(ctx, first)
+    tpls: list = []
+
+    def logged(tpl, ctx_, mbs, *a, **k):  # the templates only: nothing is priced
+        tpls.append(tpl)
+        return []
+
+    monkeypatch.setattr(seeds, "complete_seed", logged)
+    seeds.seed_plans(ctx, Deadline(60), first=first, tps={1})
+    ix = {ctx.classes[i].gpu.name[:4]: i for i in sub}
+    want = (Slot(ix["H200"], 1, dp=8),) * 4 + (Slot(ix["H800"], 1, dp=8),) * 4
+    assert Template((Group(want, 1),)) in tpls
+    # an MoE model's type-oblivious stages come from the walk over its subsets there: nothing more
+    moe = PlanningContext(cl, model_catalog().get("Mixtral-8x7B"), Job(global_batch_size=128, sequence_length=512),
+                          CostModel(cl))
+    tpls.clear()
+    seeds.seed_plans(moe, Deadline(60), first=first, tps={1})
+    walked = list(tpls)
+    tpls.clear()
+    monkeypatch.setattr(seeds, "uniform_nodes", lambda c: None)
+    seeds.seed_plans(moe, Deadline(60), first=first, tps={1})
+    assert walked == tpls
+
+
+@pytest.mark.slow
+def test_the_planner_passes_megatron_oblivious_on_llama_2_7b_over_node_wide_stages():
+    runs = throughputs(ROB028, "LLaMA-2-7B", 128, 512, ("arachne", "megatron-oblivious"))
+    assert runs["arachne"] >= runs["megatron-oblivious"]
+
+
 ROB004 = {"name": "rob-004", "nodes": [
     {"name": "t4-x2-{i}", "count": 7, "gpu": "T4", "gpus_per_node": 2, "inter_node_gbps": 25},
     {"name": "titan-rtx-x4-{i}", "count": 9, "gpu": "Titan-RTX", "gpus_per_node": 4, "inter_node_gbps": 1.25,
