@@ -19,6 +19,7 @@ from arachne.errors import NoFeasiblePlanError
 from arachne.planners.arachne.options import DEFAULT_TARGET_S
 from arachne.planners.harness import run_planner
 from arachne.planners.protocol import SearchBudget
+from arachne.planners.registry import PLANNERS, planner_names
 from arachne.spec.cluster import cluster_from_dict
 from arachne.spec.gpus import gpu_catalog
 from arachne.spec.job import Job
@@ -203,6 +204,8 @@ def generalise(a) -> None:
 def latency(a) -> None:
     """Planning time vs cluster size, arachne and (``--baselines``) search baselines in the same run."""
     planners = ["arachne"] + [p for p in (a.baselines or "").split(",") if p]
+    if unknown := [p for p in planners if p not in PLANNERS]:
+        common.fail(f"--baselines: unknown planner {unknown[0]!r} (available: {', '.join(planner_names())})")
     rows = []
     for n_gpus, n_types, cl, job in common.latency_clusters():
         r: dict[str, Any] = {"gpus": cl.num_gpus, "types": n_types}

@@ -150,7 +150,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                          (["replay", "sweeps", str(TINY / "runs.json"), "--options", "[1]"], "--options"),
                          (["replay", "sweeps", str(TINY / "runs.json"), "--cases", "rob-005,rob-999"], "rob-999"),
                          (["replay", "ceiling", str(tmp_path / "nope.json")], "nope.json"),
-                         (["replay", "long-budget", str(tmp_path / "missing.json")], "missing.json")):
+                         (["replay", "long-budget", str(tmp_path / "missing.json")], "missing.json"),
+                         (["arachne", "latency", "--baselines", "sailor,nosuch"], "nosuch")):
         res = bench(*args)
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
 
