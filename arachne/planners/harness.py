@@ -6,7 +6,9 @@ Every planner ranks plans with its own formula; :func:`run_planner` re-prices th
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -154,6 +156,24 @@ def _resplit(plan: Plan, counts: list[int]) -> Plan:
     return plan.model_copy(update={"pipelines": tuple(pipes)})
 
 
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while a planner searches (and back on after, if it was on).
+
+    A search builds large caches of small objects (stages, pipeline signatures, priced rows) that live until
+    it returns; each full pass of the collector walks all of them, and these passes took 15-25% of a
+    1,024-GPU plan's time. Planning makes almost no reference cycles (after a 1,024-GPU arachne plan, 4-301
+    unreachable objects; after 10 s of Metis or 20 s of the exhaustive oracle, 494 and 6), so nothing
+    accumulates: reference counting frees the rest as usual. Every planner runs under it (:func:`run_planner`)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel | None = None,
                 budget: SearchBudget = SearchBudget(), legality: Legality | None = None,
                 objective: Objective | None = None, **options: Any) -> tuple[Plan, Estimate, PlannerResult]:
@@ -178,9 +198,10 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
         planner.restrict(legality, objective)
     t0 = time.perf_counter()
     before = cost_model.estimates
-    result = planner.plan(cluster, model, job, cost_model, budget)
-    chosen, why = select(result.plans if restricted else result.plans[: max(1, budget.top_k)], cost_model,
-                         legality, objective)
+    with collector_paused():
+        result = planner.plan(cluster, model, job, cost_model, budget)
+        chosen, why = select(result.plans if restricted else result.plans[: max(1, budget.top_k)], cost_model,
+                             legality, objective)
     elapsed = time.perf_counter() - t0
     result.stats.wall_time_s = elapsed
     result.stats.plans_priced = cost_model.estimates - before

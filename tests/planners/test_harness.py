@@ -133,3 +133,39 @@ def test_select_checks_the_best_plan_first_and_skips_one_that_breaks_the_format(
         chosen, why = select([first, plan], cm)
         assert chosen is not None and chosen[0] == plan and why is None
     assert select([short, stranger], cm) == (None, None)
+
+
+def test_every_planner_searches_with_the_cyclic_collector_off_and_gets_it_back(monkeypatch) -> None:
+    import gc
+
+    from arachne.planners import harness
+
+    seen: list[bool] = []
+    real = harness.get_planner
+
+    class Spy:
+        def __init__(self, inner, fail: bool) -> None:
+            self.inner, self.fail = inner, fail
+
+        def plan(self, *args):
+            seen.append(gc.isenabled())
+            if self.fail:
+                raise RuntimeError("boom")
+            return self.inner.plan(*args)
+
+    c, m, job = cluster_from_dict(CLUSTER), load_model("OPT-350M"), Job(global_batch_size=64, sequence_length=2048)
+    assert gc.isenabled()
+    monkeypatch.setattr(harness, "get_planner", lambda name, **kw: Spy(real(name, **kw), False))
+    plan, est, _ = harness.run_planner("megatron", c, m, job, budget=SearchBudget(time_budget_s=5))
+    assert est.tokens_per_s > 0 and seen == [False] and gc.isenabled()
+    monkeypatch.setattr(harness, "get_planner", lambda name, **kw: Spy(real(name, **kw), True))
+    with pytest.raises(RuntimeError):
+        harness.run_planner("megatron", c, m, job, budget=SearchBudget(time_budget_s=5))
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()  # a caller that turned it off itself keeps it off
+    try:
+        with harness.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
