@@ -93,8 +93,8 @@ def test_plan_target_is_for_arachne_only(cluster_file: Path, tmp_path: Path) -> 
 
 
 def test_plan_table_shows_the_compute_ceiling_above_the_plan(cluster_file: Path) -> None:
-    res = CliRunner().invoke(app, ["plan", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64", "-s", "1024",
-                                   "--planner", "megatron"])
+    res = CliRunner().invoke(app, ["plan", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64",
+                                   "-s", "1024", "--planner", "megatron"])
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "compute ceiling" in ln)
     share = int(line.split("reaches ")[1].split("%")[0])
@@ -103,8 +103,8 @@ def test_plan_table_shows_the_compute_ceiling_above_the_plan(cluster_file: Path)
 
 def test_estimate_table_shows_the_compute_ceiling(cluster_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    res = CliRunner().invoke(app, ["plan", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64", "-s", "1024",
-                                   "--planner", "megatron", "-o", str(out)])
+    res = CliRunner().invoke(app, ["plan", "--cluster", str(cluster_file), "--model", "OPT-350M", "-b", "64",
+                                   "-s", "1024", "--planner", "megatron", "-o", str(out)])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, ["estimate", "--cluster", str(cluster_file), "--plan", str(out)])
     assert res.exit_code == 0, res.output
