@@ -97,6 +97,8 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--cases", default="", help="comma-separated case names (default: every case)")
     p.add_argument("--budget", type=float, default=5.0, help="the wall-clock cap of each run, s (as in the sweeps)")
     p.add_argument("--name", default="sweeps", help="output file stem (default sweeps)")
+    p.add_argument("--against", nargs="*", default=[], type=Path,
+                   help="replay results of an earlier commit (.json or .json.gz): the cases that moved, up and down")
     _out(p, R / "replay")
     p = _add(g, "grid", "benchmarks.replay:grid", "arachne vs the best baseline per grid case, and the ceiling")
     p.add_argument("--grid", default="grid", help="a stored grid (name) or a grid result JSON (default: grid)")

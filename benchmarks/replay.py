@@ -19,9 +19,11 @@ arachne plans reach, by dense and MoE. A stored plan above the ceiling means the
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from arachne.cost import CostModel
@@ -60,7 +62,55 @@ def plan_arachne(cl, model: str, job: Job, budget_s: float, runtime: str | None 
             "guard_expired": bool(res.stats.notes.get("guard_expired")), "valid": valid}
 
 
+MOVED = 1e-3  # a case moved when its throughput changed by more than this share
+
+
+def read_against(paths: list[Path]) -> dict[tuple[str, str], float]:
+    """Arachne's tokens/s per (sweep, case) in earlier ``replay sweeps`` results (``.json`` or ``.json.gz``; a case
+    in several files: the last). A file that is not one: one line naming it and the field, exit 2."""
+    out: dict[tuple[str, str], float] = {}
+    for path in paths:
+        try:
+            raw = path.read_bytes()
+            doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        except (OSError, ValueError, EOFError) as e:
+            common.fail(f"--against: {path}: not a replay result ({type(e).__name__})")
+        if not isinstance(doc, dict) or doc.get("benchmark") != "replay-sweeps" or \
+                not isinstance(doc.get("rows"), list):
+            common.fail(f"--against: {path}: not a `replay sweeps` result (field 'benchmark' or 'rows')")
+        for i, r in enumerate(doc["rows"]):
+            ok = isinstance(r, dict) and isinstance(r.get("sweep"), str) and isinstance(r.get("case"), str) and \
+                isinstance(r.get("arachne_tok_s"), (int, float)) and not isinstance(r.get("arachne_tok_s"), bool)
+            if not ok:
+                common.fail(f"--against: {path}: rows[{i}]: needs 'sweep', 'case' and a number 'arachne_tok_s'")
+            out[r["sweep"], r["case"]] = float(r["arachne_tok_s"])
+    return out
+
+
+def moved_cases(rows: list[dict[str, Any]], before: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """The replayed cases whose throughput moved from ``before`` (:data:`MOVED`), the worst first, with counts and
+    the geomean ratio over the cases both have."""
+    both = [(r, before[r["sweep"], r["case"]]) for r in rows if (r["sweep"], r["case"]) in before]
+    moved = []
+    for r, old in both:
+        new = r["arachne_tok_s"]
+        if abs(new - old) > MOVED * max(old, new, 1e-12):
+            base = r["best_baseline_tok_s"]
+            moved.append({"case": f"{r['sweep']}/{r['case']}", "before": old / base, "after": new / base,
+                          "change": new / old if old > 0 else math.inf})
+    moved.sort(key=lambda m: m["change"])
+    ratio = lambda v, r: v / r["best_baseline_tok_s"]  # noqa: E731
+    pos = [(ratio(old, r), r["ratio"]) for r, old in both if old > 0 and r["ratio"] > 0]
+    return {"cases": len(both), "missing": len(rows) - len(both), "up": sum(m["change"] > 1 for m in moved),
+            "down": sum(m["change"] < 1 for m in moved),
+            "geomean_before": common.gmean([b for b, _ in pos]) if pos else None,
+            "geomean_after": common.gmean([a for _, a in pos]) if pos else None,
+            "new_below_0.99": [m["case"] for m in moved if m["after"] < 0.99 <= m["before"]],
+            "moved": moved}
+
+
 def sweeps(a) -> None:
+    before = read_against(getattr(a, "against", None) or [])
     try:
         options = json.loads(a.options)
         assert isinstance(options, dict)
@@ -107,6 +157,17 @@ def sweeps(a) -> None:
     common.console.print("the baselines are as stored, priced by the cost model of each sweep's commit: a check "
                          "against regressions, not a measure (`sweep run --reuse NAME` re-runs every planner)",
                          highlight=False)
+    if before:
+        against = moved_cases(rows, before)
+        if against["moved"]:
+            common.print_table("cases that moved from --against (ratio to the best stored baseline)",
+                               against["moved"], ["case", "before", "after", "change"])
+        common.console.print(f"against {', '.join(map(str, a.against))}: {against['cases']} cases in both "
+                             f"({against['missing']} new), {against['up']} up, {against['down']} down; geomean "
+                             f"{against['geomean_before'] or 0:.4f} -> {against['geomean_after'] or 0:.4f}; "
+                             f"newly below 0.99: {against['new_below_0.99'] or 'none'}", highlight=False)
+        summary.append({"sweeps": "against", **{k: v for k, v in against.items() if k != "moved"}})
+        rows = [{**r, "before_tok_s": before.get((r["sweep"], r["case"]))} for r in rows]
     if rows:
         common.write_result(a.out, a.name, rows, summary, {"options": options, "budget": a.budget,
                                                            "runtime": getattr(a, "runtime", None),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shlex
@@ -151,7 +152,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                          (["replay", "sweeps", str(TINY / "runs.json"), "--cases", "rob-005,rob-999"], "rob-999"),
                          (["replay", "ceiling", str(tmp_path / "nope.json")], "nope.json"),
                          (["replay", "long-budget", str(tmp_path / "missing.json")], "missing.json"),
-                         (["arachne", "latency", "--baselines", "sailor,nosuch"], "nosuch")):
+                         (["arachne", "latency", "--baselines", "sailor,nosuch"], "nosuch"),
+                         (["replay", "sweeps", str(TINY / "runs.json"), "--against", str(TINY / "runs.json")],
+                          "not a `replay sweeps` result")):
         res = bench(*args)
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
 
@@ -185,6 +188,17 @@ def test_replay_sweeps_replans_arachne_against_stored_baselines(tmp_path):
     assert doc["command"].startswith("python -m benchmarks replay sweeps") and doc["commit"] and doc["date"]
     assert len(doc["rows"]) == 2 and all(r["valid"] and r["ratio"] == r["arachne_tok_s"] / r["best_baseline_tok_s"]
                                          for r in doc["rows"])
+    # against an earlier result (gzipped) where one case was 10% slower: the same plans now, so that case moved up
+    doc["rows"][0]["arachne_tok_s"] *= 0.9
+    (tmp_path / "before.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    res = bench("replay", "sweeps", str(TINY), "--options", '{"target_s": 0.2}', "--against",
+                str(tmp_path / "before.json.gz"), "--out", str(tmp_path / "again"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    again = json.loads((tmp_path / "again" / "sweeps.json").read_text())
+    against = next(s for s in again["summary"] if s["sweeps"] == "against")
+    assert (against["cases"], against["up"], against["down"], against["missing"]) == (2, 1, 0, 0)
+    assert abs(against["geomean_after"] / against["geomean_before"] - (1 / 0.9) ** 0.5) < 1e-9
+    assert f"{doc['rows'][0]['sweep']}/{doc['rows'][0]['case']}" in res.stdout + res.stderr
 
 
 @pytest.mark.slow
