@@ -86,7 +86,8 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "arachne-ablation": ("Learning ablation", "learned / policy top-K / K random / first K rules / every rule",
                          "python -m benchmarks arachne ablation --k 8 --out results/arachne/k8; "
                          "python -m benchmarks arachne ablation"),
-    "arachne-rule-order": ("Screening order", "best of the first K screened / best of the pool, 83 clusters",
+    "arachne-rule-order": ("Screening order", "best of the first K screened / best of the pool, over the grid's cases "
+                           "and the random clusters of `--seeds` (default 0,1: 83 clusters)",
                            "python -m benchmarks arachne rule-order"),
     "arachne-generalise": ("Unseen clusters", "held-out GPU types, node size 16, 512-1024 GPUs",
                            "python -m benchmarks arachne generalise --budget 10 --teacher-budget 30"),
