@@ -166,10 +166,11 @@ def sweeps(a) -> None:
                              f"({against['missing']} new), {against['up']} up, {against['down']} down; geomean "
                              f"{against['geomean_before'] or 0:.4f} -> {against['geomean_after'] or 0:.4f}; "
                              f"newly below 0.99: {against['new_below_0.99'] or 'none'}", highlight=False)
-        summary.append({"sweeps": "against", **{k: v for k, v in against.items() if k != "moved"}})
         rows = [{**r, "before_tok_s": before.get((r["sweep"], r["case"]))} for r in rows]
-    if rows:
-        common.write_result(a.out, a.name, rows, summary, {"options": options, "budget": a.budget,
+    if rows:  # (what moved goes with the parameters: the summary's last row is "all", as the report reads it)
+        moved = {"files": [str(f) for f in a.against], **{k: v for k, v in against.items() if k != "moved"}} \
+            if before else None
+        common.write_result(a.out, a.name, rows, summary, {"options": options, "budget": a.budget, "against": moved,
                                                            "runtime": getattr(a, "runtime", None),
                                                            "sweeps": [s.name for s in loaded]},
                             benchmark="replay-sweeps")
