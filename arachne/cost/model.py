@@ -213,7 +213,8 @@ class CostModel(SyncMixin, PipelineMixin):
         n_moe = sum(model.moe_layers[a:z])
         full = mode == "full" and k == z - a  # the whole stage (chunk): priced exactly as version 1
         worst = None
-        for g in groups:
+        a2a: dict[tuple, float] = {}  # each all-to-all ring priced once (its members share it)
+        for gi, g in enumerate(groups):
             gpu = _slowest([devs[d].gpu for d in g], prec)
             lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager, moe_k)
             f, bw = lc.blocks(a, z)
@@ -247,16 +248,19 @@ class CostModel(SyncMixin, PipelineMixin):
             ep_f = 0.0
             if et is not None and n_moe:  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
                 ring, conc = self._expert_a2a_ring(st, g[0], et)
-                nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
-                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=conc,
-                                                                cross_fraction=self._dispatch_dedup(model, ring))
+                if (tuple(ring), conc) not in a2a:
+                    nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
+                    a2a[tuple(ring), conc] = 2 * n_moe * self.network.all_to_all_time(
+                        ring, nbytes, concurrent=conc, cross_fraction=self._dispatch_dedup(model, ring))
+                ep_f = a2a[tuple(ring), conc]
             elif ep > 1 and n_moe:
-                idx = groups.index(g)
-                base = idx - idx % ep
-                ring = [groups[base + k2][0] for k2 in range(ep)]
-                nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
-                ep_f = 2 * n_moe * self.network.all_to_all_time(ring, nbytes, concurrent=tp,
-                                                                cross_fraction=self._dispatch_dedup(model, ring))
+                base = gi - gi % ep
+                if (base,) not in a2a:
+                    ring = [groups[base + k2][0] for k2 in range(ep)]
+                    nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
+                    a2a[base,] = 2 * n_moe * self.network.all_to_all_time(
+                        ring, nbytes, concurrent=tp, cross_fraction=self._dispatch_dedup(model, ring))
+                ep_f = a2a[base,]
             if full:
                 tp_b, ep_b = tp_f * 2, ep_f * 2
             elif mode == "full" and k:  # the recomputed blocks' forward collectives again
@@ -271,7 +275,7 @@ class CostModel(SyncMixin, PipelineMixin):
             cp_f = cp_b = 0.0
             if st.cp > 1:  # the K/V ring per block, again for recomputed attention
                 one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
-                                               groups, groups.index(g), kern)
+                                               groups, gi, kern)
                 redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
                 cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
             again = rec + (tp_b - tp_f) + (ep_b - ep_f)  # recomputation and its collectives
