@@ -63,7 +63,8 @@ def spanning_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], t
     return [t for t in out if t.fits_counts(ctx.classes)]
 
 def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: int,
-                             count: int = MIXED_LOCKSTEP_DEGREES, dense: bool = False) -> list[Template]:
+                             count: int = MIXED_LOCKSTEP_DEGREES, dense: bool = False,
+                             in_nodes: bool = False) -> list[Template]:
     """An MoE model's Megatron form over every GPU type of ``subset`` at once (what ``megatron-oblivious`` runs):
     one pipeline whose stages are data parallel over ``d`` replicas of ``tp`` GPUs, each type serving
     ``GPUs // (tp d)`` consecutive stages on its first class (the fastest types first; after every such form, as
@@ -72,13 +73,16 @@ def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: 
     degree allowed; ``d`` the ``count`` largest that divide the batch, pack into every type's nodes and leave
     every type at least one stage, at most one stage per layer. Empty for one type, and for a dense model unless
     ``dense``: then ``d`` also keeps each stage inside one node (no experts to spread; its stages go over the nodes,
-    as ``megatron-oblivious`` runs LLaMA-3-8B on seed169/rob-014's H100, L40S and A100 nodes of 8)."""
+    as ``megatron-oblivious`` runs LLaMA-3-8B on seed169/rob-014's H100, L40S and A100 nodes of 8); ``in_nodes``:
+    an MoE model's stages kept so too (its all-to-alls and gradient sync on each node's links, only the pipeline's
+    sends between nodes: Megatron's grid on seed175/rob-024, Qwen3-235B-A22B over 47 A100 and H100 nodes of 8 on
+    1.25 Gb/s links, runs one pipeline of 47 such stages of tp 2 x dp 4)."""
     pl = pools(ctx, subset, tp)
     if not (ctx.model.is_moe or dense) or len(pl) < 2:
         return []
     gbs, L, out = ctx.job.global_batch_size, ctx.model.num_layers, []
     top = min(n for _, n in pl) // tp
-    if not ctx.model.is_moe:
+    if in_nodes or not ctx.model.is_moe:
         top = min(top, min(ctx.classes[first].node_size for first, _ in pl) // tp)
     for d in range(top, 1, -1):
         if len(out) == count:

@@ -139,6 +139,11 @@ NODES_TPS = 2
 AROUND_SHARE = 0.5
 """Of the seed family's time left after the incumbent's own tp, at most, for the grid next to the incumbent
 (:func:`~.seed_scope.around_incumbent`): it must not starve the walk (decision 0028)."""
+IN_NODES_RATIO = 32.0
+"""An MoE model's pipeline with every stage inside one node (:func:`~.seed_templates.mixed_lockstep_templates`,
+``in_nodes``) is seeded first where the uniform nodes' own links are this many times faster than their NICs (a
+catalog GPU on its default network: 7-12; on 10 Gb Ethernet: 190-290): there the experts' all-to-alls across nodes
+cost more than the pipeline's bubble, and the walk, shallowest first, does not reach that depth in its time."""
 FEWER_REPLICAS_SYNC = 0.25
 """The type-first seed is priced with half its replicas only while its exposed gradient sync is at least this share
 of its compute time: halving doubles a replica's work, which only a large exposed sync can repay (a gate: the
@@ -457,6 +462,21 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
                 best, S = fastest(more), deeper_divisor(L, S)
         return found
 
+    def in_nodes_pass() -> list[Priced]:
+        """An MoE model on uniform nodes of several types whose NICs are much slower than their own links
+        (:data:`IN_NODES_RATIO`): the lock-step pipeline of node-wide stages over them, at the first two tp
+        degrees of :func:`tp_order`, each at its smallest micro-batch size."""
+        got = uniform_nodes(ctx) if ctx.model.is_moe and multiple == 1 else None
+        if got is None:
+            return []
+        sub, size = got
+        nodes = [ctx.cluster.node_by_name[ctx.classes[i].nodes[0]] for i in sub]
+        if min(n.intra_node_bw / n.inter_node_bw for n in nodes) < IN_NODES_RATIO:
+            return []
+        return [r for tp in tp_order(ctx, sub, tp_options(ctx.model, size), tps)[:NODES_TPS]
+                for r in complete_all(mixed_lockstep_templates(ctx, sub, tp, 1, in_nodes=True), smallest=True)]
+
+    out += in_nodes_pass()
     pending = True  # the grid next to the incumbent: after the incumbent's own tp's shallowest depths
     for subset in class_subsets(ctx, first):  # breadth first: every (subset, tp) at its shallowest depth
         # a GPU type over several node sizes: its tp degrees are those of its largest nodes (pools() takes the
