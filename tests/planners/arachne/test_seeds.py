@@ -676,15 +676,17 @@ def test_over_several_gpu_types_a_depth_that_recomputes_waits_for_the_walk(monke
 
 
 def test_the_grid_next_to_the_incumbent_doubles_and_halves_its_tp_and_halves_its_depth():
-    """On one GPU type, the incumbent's pipelines of S stages of tp t are next to t x 2 and t / 2 at S stages and
-    t at S / 2 (twice the replicas), each also at its next depth; a layout whose weights cannot fit is left out, and
-    so is a pipeline of the walk's first two depths."""
+    """On one GPU type, the incumbent's pipelines of S stages of tp t are next to, first, t / 2 at 2 S and t x 2 at
+    S / 2 (the same replicas on the same GPUs), then t x 2 and t / 2 at S stages and t at S / 2 (twice the
+    replicas), each also at its next depth; a layout whose weights cannot fit is left out, and so is a pipeline of
+    the walk's first two depths."""
     ctx = ctx_for([("H100-SXM5-80GB", 32, 8, 6.25)], model="OPT-30", gbs=256)
     pairs = seeds.around_incumbent(ctx, (0,), 16, 4)
+    assert pairs[:2] == [(2, 32), (8, 8)] and len(set(pairs)) == len(pairs)
+    first, pairs = pairs[:2], pairs[2:]
     assert [p for p in pairs if p[1] in (16, 8)] == [(8, 16), (2, 16), (4, 8)]
-    for tp, S in ((8, 16), (2, 16)):  # each followed by the next depth, which fills the type
-        deeper = pairs[pairs.index((tp, S)) + 1]
-        assert deeper == (tp, seeds.next_depth(ctx, (0,), tp, S)) and deeper[1] > S
+    assert pairs[1] == (8, seeds.next_depth(ctx, (0,), 8, 16)) and pairs[1][1] > 16  # the next depth, filling the type
+    assert (2, seeds.next_depth(ctx, (0,), 2, 16)) == first[0]  # (already first: not again)
     assert pairs[-1] == (4, 8) and seeds.next_depth(ctx, (0,), 4, 8) == 16  # (the incumbent's own: not again)
     near = seeds.around_incumbent(ctx, (0,), 3, 1)
     assert (2, 3) in near and not any(S == 1 for _, S in near)  # 30B on one GPU per replica: no
@@ -803,3 +805,20 @@ def test_the_planner_reaches_megatrons_one_h100_stage_beside_a_mixed_incumbent()
 
     runs = throughputs(ROB007, "Mixtral-8x22B", 256, 512, ("arachne", "megatron"))
     assert runs["arachne"] >= 0.99 * runs["megatron"]
+
+
+ROB013 = {"name": "rob-013", "nodes": [
+    {"name": "gh200-x4-{i}", "count": 81, "gpu": "GH200", "gpus_per_node": 4},
+    {"name": "t4-x8-{i}", "count": 43, "gpu": "T4", "gpus_per_node": 8},
+    {"name": "a100-40-x4-{i}", "count": 46, "gpu": "A100-40", "gpus_per_node": 4, "inter_node_gbps": 25,
+     "zone": "row-2"}]}
+"""Fresh hold-out seed199/rob-013: 852 GPUs; Megatron's grid ran LLaMA-2-70B (a batch of 128 x 512) as 80 stages of tp
+2 x dp 2 on the GH200 nodes; the search's incumbent was 2 pipelines of 40 stages of tp 4 (0.949x)."""
+
+
+@pytest.mark.slow
+def test_the_planner_passes_megatron_on_llama_2_70b_trading_tp_for_stages():
+    from planner_cases import throughputs
+
+    runs = throughputs(ROB013, "LLaMA-2-70B", 128, 512, ("arachne", "megatron"))
+    assert runs["arachne"] >= runs["megatron"]
