@@ -284,11 +284,12 @@ def incumbent_shape(plan: Plan, types: set[str], tps: set[int]) -> tuple[int, in
 
 def around_incumbent(ctx: PlanningContext, subset: tuple[int, ...], depth: int, tp: int) -> list[tuple[int, int]]:
     """(tp, depth) pairs of the framework's grid next to the incumbent's pipelines of ``depth`` stages of ``tp`` GPUs
-    on the GPU type ``subset``: first half the tp at twice its depth and twice the tp at half its depth (the same
-    replicas on the same GPUs: fresh hold-out seed199/rob-013, LLaMA-2-70B on 81 GH200 nodes of 4, where Megatron's
-    grid runs 80 stages of tp 2 x dp 2 and arachne's incumbent was 2 pipelines of 40 stages of tp 4), then twice and
-    half the tp at its depth, and half its depth at its tp (twice the replicas), each also at its
-    :func:`next_depth` (the one that fills the type) unless that is the incumbent's.
+    on the GPU type ``subset``: twice the tp at its depth; half the tp at twice its depth (the same replicas on the
+    same GPUs: fresh hold-out seed199/rob-013, LLaMA-2-70B on 81 GH200 nodes of 4, where Megatron's grid runs 80
+    stages of tp 2 x dp 2 and arachne's incumbent was 2 pipelines of 40 stages of tp 4); half the tp at its depth;
+    half its depth at its tp (twice the replicas); twice the tp at half its depth (the same GPUs again). Each but
+    the same-GPU ones also at its :func:`next_depth` (the one that fills the type) unless that is the
+    incumbent's; a pair once.
     Refinement walks from the incumbent one action at a time and on a large cluster can run out of time before a
     second step; these are two steps away (tp up and the replicas down; an MoE model's lock-step form with its
     experts narrower), and the shallow-first walk reaches them last (decision 0028). None at the walk's first two
@@ -296,11 +297,11 @@ def around_incumbent(ctx: PlanningContext, subset: tuple[int, ...], depth: int, 
     if depth <= seed_depths(ctx.model.num_layers)[1]:
         return []  # the walk starts there
     node = min(ctx.classes[i].node_size for i in subset)
-    out = [(t, S) for t, S in ((tp // 2, 2 * depth), (2 * tp, depth // 2)) if t in tp_options(ctx.model, node)
-           and 0 < S <= ctx.model.num_layers and holds_state(ctx, subset, t, S)]
-    for t, S in ((2 * tp, depth), (tp // 2, depth), (tp, depth // 2)):
-        if t in tp_options(ctx.model, node) and S > 0 and holds_state(ctx, subset, t, S):
-            deeper = next_depth(ctx, subset, t, S)
+    out: list[tuple[int, int]] = []
+    for t, S, also in ((2 * tp, depth, True), (tp // 2, 2 * depth, False), (tp // 2, depth, True),
+                       (tp, depth // 2, True), (2 * tp, depth // 2, False)):
+        if t in tp_options(ctx.model, node) and 0 < S <= ctx.model.num_layers and holds_state(ctx, subset, t, S):
+            deeper = next_depth(ctx, subset, t, S) if also else None
             out += [(t, S)] + ([(t, deeper)] if deeper is not None and (t, deeper) != (tp, depth) else [])
     return list(dict.fromkeys(out))
 

@@ -676,18 +676,17 @@ def test_over_several_gpu_types_a_depth_that_recomputes_waits_for_the_walk(monke
 
 
 def test_the_grid_next_to_the_incumbent_doubles_and_halves_its_tp_and_halves_its_depth():
-    """On one GPU type, the incumbent's pipelines of S stages of tp t are next to, first, t / 2 at 2 S and t x 2 at
-    S / 2 (the same replicas on the same GPUs), then t x 2 and t / 2 at S stages and t at S / 2 (twice the
-    replicas), each also at its next depth; a layout whose weights cannot fit is left out, and so is a pipeline of
-    the walk's first two depths."""
+    """On one GPU type, the incumbent's pipelines of S stages of tp t are next to t x 2 at S, t / 2 at 2 S (the same
+    replicas on the same GPUs), t / 2 at S, t at S / 2 (twice the replicas) and t x 2 at S / 2 (the same GPUs), each
+    but the same-GPU ones also at its next depth; a layout whose weights cannot fit is left out, and so is a
+    pipeline of the walk's first two depths."""
     ctx = ctx_for([("H100-SXM5-80GB", 32, 8, 6.25)], model="OPT-30", gbs=256)
     pairs = seeds.around_incumbent(ctx, (0,), 16, 4)
-    assert pairs[:2] == [(2, 32), (8, 8)] and len(set(pairs)) == len(pairs)
-    first, pairs = pairs[:2], pairs[2:]
-    assert [p for p in pairs if p[1] in (16, 8)] == [(8, 16), (2, 16), (4, 8)]
-    assert pairs[1] == (8, seeds.next_depth(ctx, (0,), 8, 16)) and pairs[1][1] > 16  # the next depth, filling the type
-    assert (2, seeds.next_depth(ctx, (0,), 2, 16)) == first[0]  # (already first: not again)
-    assert pairs[-1] == (4, 8) and seeds.next_depth(ctx, (0,), 4, 8) == 16  # (the incumbent's own: not again)
+    assert len(set(pairs)) == len(pairs)
+    assert pairs[0] == (8, 16) and pairs[1] == (8, seeds.next_depth(ctx, (0,), 8, 16)) and pairs[1][1] > 16
+    assert pairs[2] == (2, 32) == (2, seeds.next_depth(ctx, (0,), 2, 16))  # (2, 16)'s next depth: listed once
+    assert [p for p in pairs if p[1] in (16, 8)] == [(8, 16), (2, 16), (4, 8), (8, 8)]
+    assert pairs[-2] == (4, 8) and seeds.next_depth(ctx, (0,), 4, 8) == 16  # (the incumbent's own: not again)
     near = seeds.around_incumbent(ctx, (0,), 3, 1)
     assert (2, 3) in near and not any(S == 1 for _, S in near)  # 30B on one GPU per replica: no
     assert seeds.around_incumbent(ctx, (0,), 2, 4) == []  # the walk's first depths: the walk's own
