@@ -246,21 +246,14 @@ class CostModel(SyncMixin, PipelineMixin):
                 per = 2 * self.network.all_reduce_time(g, nbytes)
                 tp_f = per * (z - a) + (per / 2 if first else 0.0) + (per / 2 if last else 0.0)
             ep_f = 0.0
-            if et is not None and n_moe:  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
-                ring, conc = self._expert_a2a_ring(st, g[0], et)
-                if (tuple(ring), conc) not in a2a:
+            if n_moe and (et is not None or ep > 1):  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
+                ring, conc = self._expert_a2a_ring(st, g[0], et) if et is not None else \
+                    ([groups[gi - gi % ep + k2][0] for k2 in range(ep)], tp)
+                if (ring_key := (tuple(ring), conc)) not in a2a:
                     nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
-                    a2a[tuple(ring), conc] = 2 * n_moe * self.network.all_to_all_time(
+                    a2a[ring_key] = 2 * n_moe * self.network.all_to_all_time(
                         ring, nbytes, concurrent=conc, cross_fraction=self._dispatch_dedup(model, ring))
-                ep_f = a2a[tuple(ring), conc]
-            elif ep > 1 and n_moe:
-                base = gi - gi % ep
-                if (base,) not in a2a:
-                    ring = [groups[base + k2][0] for k2 in range(ep)]
-                    nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
-                    a2a[base,] = 2 * n_moe * self.network.all_to_all_time(
-                        ring, nbytes, concurrent=tp, cross_fraction=self._dispatch_dedup(model, ring))
-                ep_f = a2a[base,]
+                ep_f = a2a[ring_key]
             if full:
                 tp_b, ep_b = tp_f * 2, ep_f * 2
             elif mode == "full" and k:  # the recomputed blocks' forward collectives again
