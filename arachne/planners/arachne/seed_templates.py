@@ -76,7 +76,7 @@ def mixed_lockstep_templates(ctx: PlanningContext, subset: tuple[int, ...], tp: 
     as ``megatron-oblivious`` runs LLaMA-3-8B on seed169/rob-014's H100, L40S and A100 nodes of 8); ``in_nodes``:
     an MoE model's stages kept so too (its all-to-alls and gradient sync on each node's links, only the pipeline's
     sends between nodes: Megatron's grid on seed175/rob-024, Qwen3-235B-A22B over 47 A100 and H100 nodes of 8 on
-    1.25 Gb/s links, runs one pipeline of 47 such stages of tp 2 x dp 4)."""
+    1.25 GB/s NICs, runs one pipeline of 47 such stages of tp 2 x dp 4)."""
     pl = pools(ctx, subset, tp)
     if not (ctx.model.is_moe or dense) or len(pl) < 2:
         return []
