@@ -309,10 +309,10 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         return complete_all(tpls, smallest=smallest, until=until)
 
     def complete_all(tpls: list[Template | None], quick: bool = False, smallest: bool = False,
-                     until: Deadline | None = None) -> list[Priced]:
+                     until: Deadline | None = None, ranked: bool = False) -> list[Priced]:
         """Every template at its batch shares and micro-batch sizes (``quick``: the first share, even when one
-        divides the batch, at the largest size only; ``smallest``: see :func:`seed_sizes`), while ``until`` (or
-        the family's deadline) lasts."""
+        divides the batch, at the largest size only; ``smallest``, ``ranked``: see :func:`seed_sizes`), while
+        ``until`` (or the family's deadline) lasts."""
         stop = until or deadline
         found: list[Priced] = []
         for tpl in tpls:
@@ -322,7 +322,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             shares = batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]
             for t in shares + [v for t in shares if t is not tpl for v in class_pinned(ctx, t)]:
                 sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else \
-                    seed_sizes(t, ctx, cache, smallest)
+                    seed_sizes(t, ctx, cache, smallest, ranked)
                 for mbs in sizes:
                     if stop.expired():
                         break
@@ -333,24 +333,25 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         return tuple(gpu_types(ctx)[ctx.classes[first].gpu.name])
 
     def unsharded(subset: tuple[int, ...], tp: int, S: int) -> list[Priced]:
-        """An MoE model that fits at depth ``S`` only with its experts sharded: each type also as one pipeline as
-        deep as its GPUs allow, every expert whole (no gradient all-reduce, no token across a NIC: Megatron's grid
-        runs Qwen3-235B's 94 blocks on 94 single-GPU H100 nodes so, for a batch of 96), once per type, and only
-        where its ceiling (every stage busy, no bubble, no communication) beats the fastest seed so far: pricing
-        it on every MoE case cost a grid case 12% of its plan (the time it took)."""
+        """An MoE model that fits at depth ``S`` only with its experts sharded: each type also as a pipeline as
+        deep as its GPUs allow, every expert whole (no token across a NIC: Megatron's grid runs Qwen3-235B's 94
+        blocks on 94 single-GPU H100 nodes so, for a batch of 96), as many as its GPUs hold (two on 218 H200),
+        ranked sizes; once per type, where its ceiling (every stage busy, no bubble, no communication) beats the
+        fastest seed so far: pricing it on every MoE case cost a grid case 12% of its plan (the time it took)."""
         best = max((e.tokens_per_s for _, e in out), default=0.0)
 
-        def ceiling(first: int, depth: int) -> float:  # every stage busy, one block's share each: no bubble, no comm
-            prof = ctx.slot_profile(first, tp, 1, 1, 1, 1, 1, False)
-            return depth * ctx.job.sequence_length / prof.time(0, L, True, True)
+        def ceiling(first: int, depth: int, reps: int) -> float:  # every stage busy, one block's share each: no
+            prof = ctx.slot_profile(first, tp, 1, 1, 1, 1, 1, False)  # bubble, no communication
+            return reps * depth * ctx.job.sequence_length / prof.time(0, L, True, True)
 
-        tpls = [Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * min(L, n // tp), 1),))
+        tpls = [Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * min(L, n // tp),
+                                max(1, n // (tp * L))),))
                 for first, n in pools(ctx, subset, tp)
                 if n // tp > S and holds_state(ctx, same_type(first), tp, min(L, n // tp), experts_sharded=False)
-                and ceiling(first, min(L, n // tp)) > best]
+                and ceiling(first, min(L, n // tp), max(1, n // (tp * L))) > best]
         fresh = [t for t in tpls if t not in whole]  # a type's pipeline once, whichever subsets hold it
         whole.update(fresh)
-        return complete_all(fresh)
+        return complete_all(fresh, ranked=True)
 
     def fewer_replicas(subset: tuple[int, ...], priced_as_is: list[Priced]) -> list[Priced]:
         """The type-first seed (one stage, tp 1) with half the replicas, again while that prices faster: where
