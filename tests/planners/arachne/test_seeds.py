@@ -317,18 +317,6 @@ def test_an_moe_model_sharded_at_its_shallowest_depth_is_also_seeded_whole_one_b
     assert max(e.tokens_per_s for _, e in deep) == max(e.tokens_per_s for _, e in found)
 
 
-def test_an_moe_models_whole_expert_pipelines_are_as_many_as_the_type_holds():
-    """fresh hold-out seed200/rob-018 (Qwen3-235B-A22B, batch 2,048 x 512, 218 single-H200 nodes on 3.125 GB/s
-    NICs; 0.979x): Megatron's grid runs two pipelines of 94 one-block stages (dp 2) at micro-batch 4, 71,677
-    tokens/s; the family priced one such pipeline (94 GPUs, 51,153) at the two largest sizes, and nothing faster."""
-    ctx = ctx_for([("H200", 218, 1, 3.125)], model="Qwen3-235B-A22B", gbs=2048, seq=512)
-    cm = ctx.cost_model
-    plan, est = max(seeds.seed_plans(ctx, Deadline(60, lambda: float(cm.estimates))),
-                    key=lambda r: r[1].tokens_per_s)
-    assert {len(p.stages) for p in plan.pipelines} == {94} and len(plan.devices) == 188
-    assert not seeds.sharded(plan) and est.tokens_per_s > 70_000
-
-
 def test_a_lock_step_stage_takes_the_class_of_its_type_behind_the_fast_nics():
     """fresh hold-out seed83/rob-020 (GPT-OSS-20B, batch 64; 0.888x Megatron's dp 32 x ep 8 on the H200 in nodes
     of 2): the lock-step form took a type's first class, the H200 in nodes of 8 behind 100 Gb/s NICs, where
