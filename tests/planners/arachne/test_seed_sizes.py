@@ -10,19 +10,6 @@ from arachne.planners.arachne import seeds
 from arachne.planners.arachne.template import Group, Slot, Template
 from arachne.planners.protocol import Deadline
 
-ROB003 = {"name": "rob-003", "nodes": [
-    {"name": "h800-x1-{i}", "count": 30, "gpu": "H800", "gpus_per_node": 1},
-    {"name": "a800-x1-{i}", "count": 40, "gpu": "A800", "gpus_per_node": 1, "inter_node_gbps": 3.125},
-    {"name": "a100-80-x8-{i}", "count": 11, "gpu": "A100-80"},
-    {"name": "a10g-x4-{i}", "count": 15, "gpu": "A10G", "gpus_per_node": 4, "zone": "row-1"},
-    {"name": "v100-16-x1-{i}", "count": 37, "gpu": "V100-16", "gpus_per_node": 1},
-    {"name": "h100-x1-{i}", "count": 13, "gpu": "H100", "gpus_per_node": 1},
-    {"name": "h100-x8-{i}", "count": 2, "gpu": "H100", "zone": "row-0"},
-    {"name": "h800-x8-{i}", "count": 4, "gpu": "H800", "inter_node_gbps": 100, "zone": "row-4"},
-    {"name": "v100-16-x2-{i}", "count": 19, "gpu": "V100-16", "gpus_per_node": 2, "zone": "row-2"},
-    {"name": "a800-x2-{i}", "count": 20, "gpu": "A800", "gpus_per_node": 2, "inter_node_gbps": 12.5}]}
-"""Fresh hold-out seed157/rob-003: 394 GPUs of six types in ten classes."""
-
 ROB018 = {"name": "rob-018", "nodes": [
     {"name": "accel-x2-{i}", "count": 39, "gpu": "Accel-128G", "gpus_per_node": 2},
     {"name": "a800-x8-{i}", "count": 6, "gpu": "A800", "gpus_per_node": 8},
@@ -34,21 +21,32 @@ ROB018 = {"name": "rob-018", "nodes": [
 """Fresh hold-out seed200/rob-018: 504 GPUs, 218 of them H200 in single-GPU nodes on 3.125 GB/s NICs."""
 
 
-def test_the_smallest_size_of_a_one_stage_template_is_its_largest():
+def test_the_smallest_size_of_a_one_stage_template_is_its_largest_that_fits_without_recomputing(monkeypatch):
     """A deep pipeline's smallest micro-batch shrinks its bubble; one stage has none, and its many small
     micro-batches only cost time (fresh hold-out seed157/rob-003: Mixtral-8x7B as one stage of tp 2 x dp 64 over
-    the H100, H800 and A100 nodes of 8 is 2.4x faster as one micro-batch of 512 than as eight of 64)."""
+    the H100, H800 and A100 nodes of 8 is 2.4x faster as one micro-batch of 512 than as eight of 64), unless the
+    larger ones fit only by recomputing (seed107/rob-016, DeepSeek-V3 as one stage of tp 8 x dp 32: 26%)."""
+    from arachne.planners.arachne import seed_sizes
+
     ctx = ctx_for(CLOUD)
     deep = Template((Group((Slot(0, 1),) * 4, 1),))
     wide = Template((Group((Slot(0, 1),), 8),))
+    sizes = sorted(seeds.mbs_candidates(wide, ctx.job), reverse=True)
     assert seeds.seed_sizes(deep, ctx, {}, smallest=True) == [min(seeds.mbs_candidates(deep, ctx.job))]
-    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == [max(seeds.mbs_candidates(wide, ctx.job))]
+    fits = [b for b in sizes if seed_sizes.plain_fit(wide, ctx, b, {})]  # (on these 24 GB GPUs: 2 and less)
+    assert fits and seeds.seed_sizes(wide, ctx, {}, smallest=True) == fits[:1]
+    monkeypatch.setattr(seed_sizes, "plain_fit", lambda t, c, b, cache: True)
+    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == sizes[:1]
+    monkeypatch.setattr(seed_sizes, "plain_fit", lambda t, c, b, cache: b < sizes[0])
+    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == sizes[1:2]
+    monkeypatch.setattr(seed_sizes, "plain_fit", lambda t, c, b, cache: False)
+    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == sizes[-1:]
 
 
 def test_an_moe_models_whole_expert_pipelines_are_as_many_as_the_type_holds():
     """fresh hold-out seed200/rob-018 (Qwen3-235B-A22B, batch 2,048 x 512): Megatron's grid runs two pipelines of
     94 one-block stages (dp 2) over the single-H200 nodes at micro-batch 4, 71,677 tokens/s; the family priced one
-    such pipeline (94 GPUs, 51,153) at the sizes of a replicated template, and nothing faster."""
+    such pipeline (94 GPUs, 51,153) and nothing faster."""
     ctx = ctx_for([("H200", 218, 1, 3.125)], model="Qwen3-235B-A22B", gbs=2048, seq=512)
     cm = ctx.cost_model
     plan, est = max(seeds.seed_plans(ctx, Deadline(60, lambda: float(cm.estimates))),
@@ -58,12 +56,16 @@ def test_an_moe_models_whole_expert_pipelines_are_as_many_as_the_type_holds():
 
 
 @pytest.mark.slow
-def test_the_planner_reaches_megatron_oblivious_on_mixtral_over_one_stage_of_node_wide_tp():
-    runs = throughputs(ROB003, "Mixtral-8x7B", 512, 1024, ("arachne", "megatron-oblivious"))
-    assert runs["arachne"] >= 0.999 * runs["megatron-oblivious"]
-
-
-@pytest.mark.slow
 def test_the_planner_reaches_megatron_on_qwen3_235b_over_two_deep_whole_expert_pipelines():
     runs = throughputs(ROB018, "Qwen3-235B-A22B", 2048, 512, ("arachne", "megatron"))
     assert runs["arachne"] >= 0.999 * runs["megatron"]
+
+
+def test_shared_gain_counts_the_bubble_each_copy_adds():
+    """Two copies of a pipeline each run half its micro-batches over the same depth: a deep pipeline over few
+    micro-batches gains little (DeepSeek-V3's 61 stages over 64: 1.35x, which its gradient sync then eats), over
+    many nearly twice (Qwen3-235B's 94 over 512: 1.73x); a copy with no micro-batch gains nothing."""
+    assert seeds.shared_gain(512, 2, 94) == pytest.approx(1.7335, abs=1e-4)
+    assert seeds.shared_gain(64, 2, 61) == pytest.approx(1.3478, abs=1e-4)
+    assert seeds.shared_gain(1000, 4, 1) == pytest.approx(4.0)
+    assert seeds.shared_gain(3, 4, 8) == 0.0
