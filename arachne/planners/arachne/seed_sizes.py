@@ -33,13 +33,6 @@ def quick_time(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> fl
     return float("inf")
 
 
-def plain_fit(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> bool:
-    """Whether ``tpl`` at ``mbs`` completes without recomputation (its first placement)."""
-    t = cap_replicas(tpl, ctx.job.global_batch_size // mbs)
-    lays = placed_once(t, ctx, cache)
-    return bool(lays) and split_and_share(t, ctx, mbs, False, lays[0]) is not None
-
-
 def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict, smallest: bool = False,
                ranked: bool = False) -> list[int]:
     """Micro-batch sizes worth pricing: the two largest (the fewest micro-batches: the longest backward to hide
@@ -47,19 +40,13 @@ def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict, smallest: bool 
     the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want). Without data
     parallelism (one pipeline, every stage dp 1) there is no reduction to hide: the fastest by
     :func:`quick_time` that fit, one fewer. ``smallest``: the smallest (one sequence per GPU of the
-    widest stage: the most micro-batches, the smallest bubble, as Megatron's grid runs a deep pipeline; with one
-    stage, no bubble to shrink, the largest that fits without recomputation: fresh hold-out seed157/rob-003,
-    Mixtral-8x7B over 128 GPUs in nodes of 8 of three types as one stage of tp 2 x dp 64, is 2.4x faster as one
-    micro-batch of 512 sequences than as eight of 64, and the largest whatever it recomputes cost seed107/rob-016,
-    DeepSeek-V3 as one stage of tp 8 x dp 32, 26% of its plan).
+    widest stage: the most micro-batches, the smallest bubble, as Megatron's grid runs a deep pipeline).
     ``ranked``: the fastest by :func:`quick_time` as without data parallelism, whatever the replicas (pipelines one
     block deep per stage, whose bubble outweighs the reduction the largest sizes would hide: Megatron's grid runs
     Qwen3-235B's 94 blocks on two pipelines of single-H200 nodes at micro-batch 4 of 512 sequences each)."""
     opts = sorted(mbs_candidates(tpl, ctx.job), reverse=True)
-    if smallest and any(len(g.slots) > 1 for g in tpl.groups):
-        return opts[-1:]
     if smallest:
-        return next(([b] for b in opts if plain_fit(tpl, ctx, b, cache)), opts[-1:])
+        return opts[-1:]
     if ranked or not any(s.dp > 1 for g in tpl.groups for s in g.slots) and sum(g.replicas for g in tpl.groups) == 1:
         quick = sorted((quick_time(tpl, ctx, b, cache), -b) for b in opts)
         return [-b for q, b in quick[: SEED_SIZES - 1] if q < float("inf")]

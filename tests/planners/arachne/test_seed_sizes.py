@@ -1,13 +1,12 @@
-"""The micro-batch sizes the seeds price a template at, and the deep whole-expert pipelines of an MoE model."""
+"""The seeds' deep whole-expert pipelines of an MoE model: replicated as the type allows, at ranked sizes."""
 
 from __future__ import annotations
 
 import pytest
 from planner_cases import throughputs
-from test_seeds import CLOUD, ctx_for
+from test_seeds import ctx_for
 
 from arachne.planners.arachne import seeds
-from arachne.planners.arachne.template import Group, Slot, Template
 from arachne.planners.protocol import Deadline
 
 ROB018 = {"name": "rob-018", "nodes": [
@@ -19,28 +18,6 @@ ROB018 = {"name": "rob-018", "nodes": [
     "gpu_types": [{"name": "Accel-128G", "memory_gb": 128, "peak_tflops": 69.8, "memory_bandwidth_gbps": 567,
                    "intra_node_gbps": 16, "inter_node_gbps": 12.5, "intra_node_link": "pcie", "nics_per_node": 2}]}
 """Fresh hold-out seed200/rob-018: 504 GPUs, 218 of them H200 in single-GPU nodes on 3.125 GB/s NICs."""
-
-
-def test_the_smallest_size_of_a_one_stage_template_is_its_largest_that_fits_without_recomputing(monkeypatch):
-    """A deep pipeline's smallest micro-batch shrinks its bubble; one stage has none, and its many small
-    micro-batches only cost time (fresh hold-out seed157/rob-003: Mixtral-8x7B as one stage of tp 2 x dp 64 over
-    the H100, H800 and A100 nodes of 8 is 2.4x faster as one micro-batch of 512 than as eight of 64), unless the
-    larger ones fit only by recomputing (seed107/rob-016, DeepSeek-V3 as one stage of tp 8 x dp 32: 26%)."""
-    from arachne.planners.arachne import seed_sizes
-
-    ctx = ctx_for(CLOUD)
-    deep = Template((Group((Slot(0, 1),) * 4, 1),))
-    wide = Template((Group((Slot(0, 1),), 8),))
-    sizes = sorted(seeds.mbs_candidates(wide, ctx.job), reverse=True)
-    assert seeds.seed_sizes(deep, ctx, {}, smallest=True) == [min(seeds.mbs_candidates(deep, ctx.job))]
-    fits = [b for b in sizes if seed_sizes.plain_fit(wide, ctx, b, {})]  # (on these 24 GB GPUs: 2 and less)
-    assert fits and seeds.seed_sizes(wide, ctx, {}, smallest=True) == fits[:1]
-    monkeypatch.setattr(seed_sizes, "plain_fit", lambda t, c, b, cache: True)
-    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == sizes[:1]
-    monkeypatch.setattr(seed_sizes, "plain_fit", lambda t, c, b, cache: b < sizes[0])
-    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == sizes[1:2]
-    monkeypatch.setattr(seed_sizes, "plain_fit", lambda t, c, b, cache: False)
-    assert seeds.seed_sizes(wide, ctx, {}, smallest=True) == sizes[-1:]
 
 
 def test_an_moe_models_whole_expert_pipelines_are_as_many_as_the_type_holds():
