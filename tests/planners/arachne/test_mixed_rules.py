@@ -437,29 +437,3 @@ def test_speed_grade_is_the_power_of_two_nearest_the_peak_ratio():
     assert speed_grade(h100, v100, "bf16") == 8  # 989 / 125
     assert speed_grade(a100, h100, "bf16") == 1  # never narrower than the fastest type's
     assert speed_grade(h100, a100, "fp8") == speed_grade(h100, a100, "bf16")  # the A100 has no fp8 rate
-
-
-def test_mixed_rules_take_the_replica_count_whole_blocks_per_stage_allow():
-    """fresh hold-out seed200/rob-024 (GPT-3-175B's 96 blocks over MI300X and MI210 nodes, 0.985x Sailor): the
-    rule at 4 replicas makes pipelines of 61 stages, which run as slow as 2 blocks per stage; 48 stages hold
-    them so, and the GPUs they free make a fifth replica, a count off the replica grid (1, 2, 3, 4, 6, ...)."""
-    from arachne.planners.arachne.search.rules import (
-        _mix_proxy,
-        granular_replicas,
-        mixed_floor_states,
-        mixed_rule_state,
-    )
-
-    cl = cluster_from_dict({"name": "amd", "nodes": [
-        {"name": "m8-{i}", "count": 13, "gpu": "MI300X", "gpus_per_node": 8},
-        {"name": "m1-{i}", "count": 105, "gpu": "MI300X", "gpus_per_node": 1},
-        {"name": "a8-{i}", "count": 36, "gpu": "MI210-c0", "gpus_per_node": 8}],
-        "gpu_types": [{"name": "MI210-c0", "memory_gb": 64, "peak_tflops": 181, "memory_bandwidth_gbps": 1638,
-                       "intra_node_gbps": 300, "inter_node_gbps": 25, "intra_node_link": "xgmi"}]})
-    ctx = ctx_for("GPT-3-175B", gbs=1024, seq=2048, cluster=cl)
-    four, five = (mixed_rule_state(ctx, R, 1, graded=True) for R in (4, 5))
-    assert (four.mixed_stages(), five.mixed_stages()) == (61, 48)
-    assert granular_replicas(ctx, four) == 5 and granular_replicas(ctx, five) is None  # 96 = 48 x 2
-    assert _mix_proxy(ctx, five) > 1.1 * _mix_proxy(ctx, four)  # (the proxy counts whole blocks per stage)
-    first = mixed_floor_states(ctx)[0]
-    assert (first.mix_replicas, first.mixed_stages()) == (5, 48)
