@@ -322,14 +322,6 @@ def tp_order(ctx: PlanningContext, subset: tuple[int, ...], options: Sequence[in
     return sorted(options, key=key)
 
 
-def shared_gain(micro_batches: int, reps: int, depth: int) -> float:
-    """How much faster ``reps`` copies of one pipeline of ``depth`` stages run its ``micro_batches``, shared, than
-    it does alone, by their 1F1B bubbles alone (each copy fills the same depth with fewer); 0 where a copy gets
-    none. Two pipelines of 94 stages over 512 micro-batches: 1.73x; of 61 stages over 64: 1.35x."""
-    k = micro_batches // reps
-    return reps * k / (k + depth - 1) * (micro_batches + depth - 1) / micro_batches if k else 0.0
-
-
 def batch_shares(tpl: Template, gbs: int, multiple: int = 1) -> list[Template]:
     """``tpl`` with as many pipelines as divide the batch evenly (first: Megatron's data parallelism must divide
     it: 192 of 204 replicas for a batch of 384), then as it is; ``multiple``: pipeline counts a multiple of it

