@@ -30,6 +30,9 @@ class TargetOptions:
     clock: Literal["work", "wall"] = "work"
     """``work``: the target counts work done, so the same input gets the same plan under any load;
     ``wall``: seconds on the wall clock."""
+    second_look: bool = True
+    """A second search with :data:`~.portfolio.SECOND_LOOK`'s options, to the same target, in a forked process on
+    the machine's other core; the faster plan of the two wins (only with the ablation switches at their defaults)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class TimeShares:
     """For the quick pass over odd-sized nodes by parts (0: whole nodes only, 1: parts only)."""
     whole_min_share: float = 0.5
     """For the search over whole nodes after the pass by parts, at least."""
+    seed_share: float = 0.08
+    """For the seeds' pass (the uniform grid family, ``seeds.py``) and its knobs, after the search; long sequences
+    and objectives that price GPUs have their own (``seeds.seed_share``)."""
 
 
 @dataclass(frozen=True)

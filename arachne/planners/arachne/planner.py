@@ -24,7 +24,8 @@ from arachne.planners.arachne.learned.ranker import (
     shipped_ranker,
 )
 from arachne.planners.arachne.long_context import long_sequence
-from arachne.planners.arachne.options import BASE_TARGET_S, ArachneOptions
+from arachne.planners.arachne.options import BASE_TARGET_S, AblationSwitches, ArachneOptions
+from arachne.planners.arachne.portfolio import SECOND_LOOK, Forked
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
 from arachne.planners.arachne.search.pricer import Pricer
@@ -61,12 +62,13 @@ def _plain_split(plan) -> bool:
     return not uses_v2(plan, sequence_parallel=False) and _contiguous(plan)
 
 
-def _post_share(job: Job, priced: bool = False) -> float:
+def _post_share(job: Job, priced: bool, plain: float) -> float:
     """The target's share kept for the passes after the search (the seeds and the modern knobs), so that the
-    whole run keeps to the target; ``priced``: under an objective that prices GPUs (``seeds.seed_share``)."""
+    whole run keeps to the target; ``priced``: under an objective that prices GPUs, ``plain``: the seeds' share
+    otherwise (``seeds.seed_share``)."""
     from arachne.planners.arachne.seeds import seed_share
 
-    return seed_share(job, priced) + MODERN_SHARE
+    return seed_share(job, priced, plain) + MODERN_SHARE
 
 
 class ArachnePlanner:
@@ -106,10 +108,30 @@ class ArachnePlanner:
 
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
-        # the policy's and the ranker's products are a few hundred rows: BLAS threads cost more than they
-        # save there, and far more on a busy machine (the same products, the same results, on one thread)
-        with threadpool_limits(limits=1, user_api="blas"):
-            return self._plan_views(cluster, model, job, cost_model, budget)
+        second = self._second_look(cluster, model, job, cost_model, budget)
+        try:
+            # the policy's and the ranker's products are a few hundred rows: BLAS threads cost more than they
+            # save there, and far more on a busy machine (the same products, the same results, on one thread)
+            with threadpool_limits(limits=1, user_api="blas"):
+                result = self._plan_views(cluster, model, job, cost_model, budget)
+        except BaseException:
+            if second is not None:
+                second.cancel()
+            raise
+        return result if second is None else with_second(result, *second.result())
+
+    def _second_look(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
+                     budget: SearchBudget) -> Forked | None:
+        """The second search (:mod:`.portfolio`), started in a forked process, on its own cost model (the same
+        prices, cold caches, as a fresh process would have); None where the options turn it off."""
+        o = self.options
+        if not o.target.second_look or o.ablation != AblationSwitches():
+            return None
+        other = ArachnePlanner(o.with_flat(**SECOND_LOOK, second_look=False), policy=self.policy, ranker=self.ranker)
+        other.legality, other.objective = self.legality, self.objective
+        cm = CostModel(cluster, cost_model.profiles, cost_model.cal)
+        quiet = replace(budget, progress=False)
+        return Forked(lambda: other.plan(cluster, model, job, cm, quiet))
 
     def _plan_views(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
                     budget: SearchBudget) -> PlannerResult:
@@ -182,7 +204,8 @@ class ArachnePlanner:
         o = self.options
         whole = min(span, deadline.remaining)
         # the seeds' and the knobs' passes run after the search, within the same target: the search gets the rest
-        full_target = whole * (1 - _post_share(job, self._priced)) if o.ablation.modern_knobs else whole
+        full_target = whole * (1 - _post_share(job, self._priced, o.shares.seed_share)) if o.ablation.modern_knobs \
+            else whole
         # a target beyond the base pass's runs that pass first and spends the rest improving on it, so
         # more time does not change (and lose) what the base pass would have found
         base = base_span * (full_target / whole if whole > 0 else 1.0)
@@ -205,7 +228,7 @@ class ArachnePlanner:
             # without context parallelism, or a small cluster's space is spent)
             left = span * (1 - MODERN_SHARE) - run.elapsed
             out = seed_pass(ctx, self.legality, run.clock, span, deadline, self._score, pricer.results() + polished,
-                            seconds=left, priced=self._priced, last=last)
+                            seconds=left, priced=self._priced, last=last, plain=o.shares.seed_share)
             mark("seeds")
             return out + modern_pass(pricer.results() + polished + out, cost_model, job, self.legality, run.clock,
                                      span, deadline, self._score, work=ctx.work, last=last)
@@ -463,6 +486,24 @@ class ArachnePlanner:
             if until.expired():
                 break
             refine(ctx, pricer, st, until.child(until.remaining / (len(starts) - i)), regroup=True)
+
+
+def with_second(result: PlannerResult, second: PlannerResult | None, cpu_s: float, error: str | None) -> PlannerResult:
+    """``result`` with the second search's plans merged in by score (the first's first among equals), and
+    ``notes["second_look"]``: its best score, whether it won, its work and CPU seconds, or its error."""
+    note: dict[str, Any] = {"cpu_s": round(cpu_s, 3)}
+    result.stats.notes["second_look"] = note
+    if second is None:
+        note["error"] = error
+        return result
+    first = result.scores[0] if result.scores else float("inf")
+    note.update(best=second.scores[0] if second.scores else None, work_s=second.stats.notes.get("work_s"),
+                won=bool(second.scores) and second.scores[0] < first)
+    ranked = sorted(list(zip(result.scores, result.plans)) + list(zip(second.scores, second.plans)),
+                    key=lambda x: x[0])
+    result.stats.candidates += second.stats.candidates
+    result.stats.timed_out = result.stats.timed_out or second.stats.timed_out
+    return PlannerResult([p for _, p in ranked], [t for t, _ in ranked], result.stats)
 
 
 def _next_starts(pricer: Pricer, skip: set, k: int) -> list[State]:

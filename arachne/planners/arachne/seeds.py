@@ -39,6 +39,7 @@ from arachne.planners.arachne.completion.price import (
 )
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
+from arachne.planners.arachne.options import TimeShares
 from arachne.planners.arachne.rules_view import template_ok
 from arachne.planners.arachne.search.rules import much_slower_networks
 from arachne.planners.arachne.seed_forms import (  # noqa: F401 (layout_key re-exported)
@@ -89,12 +90,7 @@ from arachne.planners.arachne.seed_scope import (  # noqa: F401 (re-exported: te
     uniform_nodes,
     unrecomputed,
 )
-from arachne.planners.arachne.seed_sizes import (  # noqa: F401
-    SEED_SIZES,
-    placed_once,
-    quick_time,
-    seed_sizes,
-)
+from arachne.planners.arachne.seed_sizes import SEED_SIZES, placed_once, quick_time, seed_sizes  # noqa: F401
 from arachne.planners.arachne.seed_templates import (  # noqa: F401 (re-exported)
     MIXED_LOCKSTEP_DEGREES,
     mixed_lockstep_templates,
@@ -111,7 +107,7 @@ from arachne.planners.arachne.template import (
 from arachne.planners.protocol import Deadline
 from arachne.spec.runtimes import Legality
 
-SEED_SHARE = 0.08
+SEED_SHARE = TimeShares.seed_share
 """The seeds' work (completion, pricing and their knobs), as a share of the planner's target on its clock."""
 LONG_SEED_SHARE = 0.3
 """The same for sequences of :data:`~.completion.modern.LONG_SEQUENCE` tokens or more, where half of it goes to
@@ -539,17 +535,18 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
     return out
 
 
-def seed_share(job, priced: bool = False) -> float:
-    """The seeds' share of the planner's target for ``job`` (:data:`SEED_SHARE`, :data:`LONG_SEED_SHARE`;
-    ``priced``: the planner ranks by an objective that prices GPUs, :data:`PRICED_SEED_SHARE`)."""
+def seed_share(job, priced: bool = False, plain: float = SEED_SHARE) -> float:
+    """The seeds' share of the planner's target for ``job`` (``plain``, :data:`LONG_SEED_SHARE`; ``priced``: the
+    planner ranks by an objective that prices GPUs, :data:`PRICED_SEED_SHARE`)."""
     if job.sequence_length >= LONG_SEQUENCE:
         return LONG_SEED_SHARE
-    return PRICED_SEED_SHARE if priced else SEED_SHARE
+    return PRICED_SEED_SHARE if priced else plain
 
 
 def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[], float], target_s: float,
               cap: Deadline | None, score: Callable[[Estimate], float], found: Sequence[Priced] = (),
-              seconds: float | None = None, priced: bool = False, last: bool = True) -> list[Priced]:
+              seconds: float | None = None, priced: bool = False, last: bool = True,
+              plain: float = SEED_SHARE) -> list[Priced]:
     """The planner's hook: :func:`seed_plans` for :func:`seed_share` of ``target_s`` on ``clock`` (never past
     ``cap``, the caller's wall-clock budget), then the knobs on the :data:`SEED_TOP` best by ``score`` (lower is
     better) less the recomputation they could drop, and on the fastest by ``score`` when it is not one of them;
@@ -557,8 +554,8 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     ``found``: the plans the search priced (the best one's GPU types and tp degrees are seeded first; where it runs
     on several types, in the last pass, then the best one-type plan's type, :func:`alone`, :data:`ALONE_SHARE`);
     ``seconds``: on ``clock``, in place of the share (the planner gives what the search left of its target);
-    ``priced``: see :func:`seed_share`; ``last``: the run's last pass (the knobs that reshape a plan run only there,
-    as in :func:`~.completion.modern.modern_variants`)."""
+    ``priced``, ``plain``: see :func:`seed_share`; ``last``: the run's last pass (the knobs that reshape a plan
+    run only there, as in :func:`~.completion.modern.modern_variants`)."""
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
 
@@ -577,7 +574,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     around = incumbent_shape(lead[0], types, tps) if lead is not None else None
     # a mixed incumbent is the search's, not the grid's: the grid also walks from the best one-type plan's type
     one = alone(found, cluster, score) if last and types and len(types) > 1 and not long_sequence(ctx) else None
-    base = max(seed_share(ctx.job, priced) * target_s, seconds or 0.0)
+    base = max(seed_share(ctx.job, priced, plain) * target_s, seconds or 0.0)
     deadline = Deadline(base, clock, cap)
     if long_sequence(ctx):  # most of the family's time on plans with context parallelism built in
         seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.2), rules, ok, types, tps)

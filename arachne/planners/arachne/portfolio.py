@@ -1,0 +1,104 @@
+"""A second search beside the planner's own, in a forked process on the machine's other core.
+
+The search is path dependent: on a large cluster its fixed costs (the rule pool, the ranking) leave the
+screening a few templates, and which ones the learned order puts first decides the plan. A second search that
+screens the pool in the policy's and the rules' own order, and further, finds what the first misses on some
+cases; the faster plan of the two wins. Each search keeps to its own work clock, so the same input gets the
+same plan under any load; where a process cannot be forked the second search runs after the first, in this
+process (the same plan, later). A search that fails in the child is reported, not raised: the first search's
+plans stand."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+SECOND_LOOK: dict[str, Any] = {"use_ranker": False, "min_screened": 16, "seed_share": 0.3}
+"""The second search's options (flat keywords of :class:`~.options.ArachneOptions`): the proposals and the rules
+screened in their own order, at least 16 of them (the first search: the learned order, at least 8)."""
+
+
+class Forked:
+    """``fn()`` run in a forked child from construction; :meth:`result` waits for it and returns ``(value,
+    cpu_s, error)``: ``fn``'s value (None if it raised or the child died), the child's CPU seconds, and the error in
+    one line (None when it ran). Without ``os.fork`` (or if forking fails), :meth:`result` runs ``fn`` itself."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn, self.pid, self.fd = fn, None, None
+        if not hasattr(os, "fork"):
+            return
+        try:
+            r, w = os.pipe()
+            pid = os.fork()
+        except OSError:
+            return
+        if pid == 0:  # the child: never returns
+            os.close(r)
+            _child(fn, w)
+        os.close(w)
+        self.pid, self.fd = pid, r
+
+    def result(self) -> tuple[Any, float, str | None]:
+        if self.pid is None:
+            return _run(self.fn)
+        chunks = []
+        with os.fdopen(self.fd, "rb") as f:
+            self.fd = None
+            while chunk := f.read(1 << 20):
+                chunks.append(chunk)
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = None
+        try:
+            return pickle.loads(b"".join(chunks))
+        except Exception:
+            return None, 0.0, f"second search ended without a result (wait status {status})"
+
+    def cancel(self) -> None:
+        """Stop the child (the caller gave up on it: an error or an interrupt in the first search)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.pid = None
+
+
+def _run(fn: Callable[[], Any]) -> tuple[Any, float, str | None]:
+    c0 = time.process_time()
+    try:
+        value, error = fn(), None
+    except Exception as e:
+        value, error = None, f"second search failed: {type(e).__name__}: {e}".splitlines()[0]
+    return value, time.process_time() - c0, error
+
+
+def _child(fn: Callable[[], Any], w: int) -> None:
+    """The forked child: default signal handlers (the parent's, e.g. a CLI's, are not its own), no output on the
+    parent's terminal, ``fn``'s result pickled into ``w``, then exit without running the parent's exit handlers."""
+    code = 1
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        out = _run(fn)
+        try:
+            data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            data = pickle.dumps((None, out[1], "second search's result could not be sent: "
+                                 + traceback.format_exc().splitlines()[-1]))
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        code = 0
+    finally:
+        os._exit(code)
