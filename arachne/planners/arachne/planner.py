@@ -25,7 +25,7 @@ from arachne.planners.arachne.learned.ranker import (
 )
 from arachne.planners.arachne.long_context import long_sequence
 from arachne.planners.arachne.options import BASE_TARGET_S, AblationSwitches, ArachneOptions
-from arachne.planners.arachne.portfolio import SECOND_LOOK, Forked
+from arachne.planners.arachne.portfolio import SECOND_LOOK, SECOND_LOOK_MAX_GPUS, Forked
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
 from arachne.planners.arachne.search.pricer import Pricer
@@ -125,7 +125,8 @@ class ArachnePlanner:
         """The second search (:mod:`.portfolio`), started in a forked process, on its own cost model (the same
         prices, cold caches, as a fresh process would have); None where the options turn it off."""
         o = self.options
-        if not o.target.second_look or o.ablation != AblationSwitches():
+        if not o.target.second_look or o.ablation != AblationSwitches() or \
+                len(cluster.devices) > SECOND_LOOK_MAX_GPUS:
             return None
         other = ArachnePlanner(o.with_flat(**SECOND_LOOK, second_look=False), policy=self.policy, ranker=self.ranker)
         other.legality, other.objective = self.legality, self.objective
