@@ -24,7 +24,7 @@ from arachne.planners.arachne.learned.ranker import (
     shipped_ranker,
 )
 from arachne.planners.arachne.long_context import long_sequence
-from arachne.planners.arachne.options import BASE_TARGET_S, AblationSwitches, ArachneOptions
+from arachne.planners.arachne.options import BASE_TARGET_S, AblationSwitches, ArachneOptions, TimeShares
 from arachne.planners.arachne.portfolio import SECOND_LOOK, SECOND_LOOK_MAX_GPUS, Forked
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
@@ -62,7 +62,7 @@ def _plain_split(plan) -> bool:
     return not uses_v2(plan, sequence_parallel=False) and _contiguous(plan)
 
 
-def _post_share(job: Job, priced: bool, plain: float) -> float:
+def _post_share(job: Job, priced: bool = False, plain: float = TimeShares.seed_share) -> float:
     """The target's share kept for the passes after the search (the seeds and the modern knobs), so that the
     whole run keeps to the target; ``priced``: under an objective that prices GPUs, ``plain``: the seeds' share
     otherwise (``seeds.seed_share``)."""
