@@ -58,6 +58,9 @@ class SearchOptions:
     """Odd-sized nodes are also planned by power-of-two parts on clusters of at most this many GPUs."""
     floor_actions: int = 0
     """Per device class, the rule floor's actions kept (0: the rule's default)."""
+    same_gpus_first: bool = False
+    """The seeds' grid next to a one-type incumbent tries its same-GPU trades first (twice the tp at half the
+    depth, and at the depth that fills the type; ``seed_scope.around_incumbent``): the second search's order."""
 
 
 @dataclass(frozen=True)

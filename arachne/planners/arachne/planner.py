@@ -215,7 +215,8 @@ class ArachnePlanner:
         polish_at = target * (1 - o.shares.polish_share) if self._polishes else target
         rules = asdict(o.completion)
         rules["sequence_parallel"] = rules["sequence_parallel"] and o.ablation.modern_knobs  # (off: version-1 plans)
-        ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts, **rules)
+        ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts,
+                              same_gpus_first=o.search.same_gpus_first, **rules)
         pricer = RulePricer(ctx, rules=planner_rules(self.legality)) if self.legality is not None else Pricer(ctx)
         stats = SearchStats()
         early: list = []  # the passes after the search, run before the fallback (long sequences)

@@ -282,7 +282,8 @@ def incumbent_shape(plan: Plan, types: set[str], tps: set[int]) -> tuple[int, in
     return max(len(p.stages) for p in plan.pipelines), min(tps)
 
 
-def around_incumbent(ctx: PlanningContext, subset: tuple[int, ...], depth: int, tp: int) -> list[tuple[int, int]]:
+def around_incumbent(ctx: PlanningContext, subset: tuple[int, ...], depth: int, tp: int,
+                     same_gpus_first: bool = False) -> list[tuple[int, int]]:
     """(tp, depth) pairs of the framework's grid next to the incumbent's pipelines of ``depth`` stages of ``tp`` GPUs
     on the GPU type ``subset``: twice the tp at its depth; half the tp at twice its depth (the same replicas on the
     same GPUs: fresh hold-out seed199/rob-013, LLaMA-2-70B on 81 GH200 nodes of 4, where Megatron's grid runs 80
@@ -293,13 +294,18 @@ def around_incumbent(ctx: PlanningContext, subset: tuple[int, ...], depth: int, 
     Refinement walks from the incumbent one action at a time and on a large cluster can run out of time before a
     second step; these are two steps away (tp up and the replicas down; an MoE model's lock-step form with its
     experts narrower), and the shallow-first walk reaches them last (decision 0028). None at the walk's first two
-    depths."""
+    depths. ``same_gpus_first`` (the second search's order, decision 0047): twice the tp at half the depth first,
+    and at its next depth (seed195/rob-011: from 2 pipelines of 32 stages of tp 4 on 320 H200, 2 of 20 of tp 8),
+    then half the tp at twice the depth, then the others."""
     if depth <= seed_depths(ctx.model.num_layers)[1]:
         return []  # the walk starts there
     node = min(ctx.classes[i].node_size for i in subset)
     out: list[tuple[int, int]] = []
-    for t, S, also in ((2 * tp, depth, True), (tp // 2, 2 * depth, False), (tp // 2, depth, True),
-                       (tp, depth // 2, True), (2 * tp, depth // 2, False)):
+    steps = ((2 * tp, depth, True), (tp // 2, 2 * depth, False), (tp // 2, depth, True), (tp, depth // 2, True),
+             (2 * tp, depth // 2, False))
+    if same_gpus_first:
+        steps = ((2 * tp, depth // 2, True),) + steps[1:2] + steps[0:1] + steps[2:4]
+    for t, S, also in steps:
         if t in tp_options(ctx.model, node) and 0 < S <= ctx.model.num_layers and holds_state(ctx, subset, t, S):
             deeper = next_depth(ctx, subset, t, S) if also else None
             out += [(t, S)] + ([(t, deeper)] if deeper is not None and (t, deeper) != (tp, depth) else [])

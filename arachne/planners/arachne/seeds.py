@@ -403,7 +403,7 @@ def seed_plans(ctx: PlanningContext, deadline: Deadline, legality: Legality | No
         if around is None or multiple > 1:
             return []
         home, share = class_subsets(ctx, first)[0], deadline.child(deadline.remaining * AROUND_SHARE)
-        return [r for tp, S in around_incumbent(ctx, home, *around) for r in complete_all(
+        return [r for tp, S in around_incumbent(ctx, home, *around, ctx.same_gpus_first) for r in complete_all(
             [lockstep_template(ctx, home, tp, S, priced) or uniform_template(ctx, home, tp, S)], smallest=True,
             until=share)]
 

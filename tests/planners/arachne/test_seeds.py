@@ -693,6 +693,17 @@ def test_the_grid_next_to_the_incumbent_doubles_and_halves_its_tp_and_halves_its
     assert seeds.incumbent_shape(None, {"A", "B"}, {4}) is None  # several types (or tps): no shape
 
 
+def test_the_second_searchs_grid_next_to_the_incumbent_tries_the_same_gpus_at_twice_the_tp_first():
+    """The second search's order (``same_gpus_first``, decision 0047): twice the tp at half the depth first, and at
+    its next depth, then half the tp at twice the depth; the same layouts as the first search's order, and more."""
+    ctx = ctx_for([("H100-SXM5-80GB", 32, 8, 6.25)], model="OPT-30", gbs=256)
+    first = seeds.around_incumbent(ctx, (0,), 16, 4)
+    pairs = seeds.around_incumbent(ctx, (0,), 16, 4, same_gpus_first=True)
+    deeper = seeds.next_depth(ctx, (0,), 8, 8)
+    assert pairs[0] == (8, 8) and deeper is not None and pairs[1] == (8, deeper) and deeper > 8
+    assert pairs[2] == (2, 32) and len(set(pairs)) == len(pairs) and set(first) <= set(pairs)
+
+
 def test_the_seed_pass_prices_the_grid_next_to_a_one_type_incumbent_after_its_own_tp(monkeypatch):
     """The grid next to the search's plan comes right after the incumbent's own tp at its shallowest depths (the
     walk's first look, which odd113-rerun/rob-009 needs) and before the other tps: odd110-rerun/rob-020 (OPT-30 on 256
