@@ -221,7 +221,7 @@ def latency(a) -> None:
         same = [(r[f"{p}_s"], p) for p in planners[1:] if r[f"{p}_tok_s"] >= 0.99 * r["arachne_tok_s"] > 0]
         r["fastest_same_quality"] = min(same)[1] if same else "none"
         r["speedup"] = min(same)[0] / r["arachne_s"] if same else float("nan")
-    common.print_table("planning time vs cluster size (LLaMA-2-13B, one core)", rows,
+    common.print_table("planning time vs cluster size (LLaMA-2-13B; arachne: two processes up to 768 GPUs)", rows,
                        ["gpus", "types", "arachne_s", "arachne_cpu_s", "arachne_work_s", "fastest_same_quality",
                         "speedup"])
     by: dict[int, list[dict]] = {}

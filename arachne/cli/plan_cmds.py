@@ -40,6 +40,9 @@ def register(app: typer.Typer) -> None:
                  "counted in work done (seconds on a 2-core reference machine), so the same input gets the "
                  "same plan under any load; a target above 0.8 runs the base search first, then keeps "
                  "improving on it"),
+        one_process: bool = typer.Option(False, "--one-process",
+                                         help="arachne only: no second search in a forked process (on up to 768 "
+                                              "GPUs it runs on a second core; the faster plan wins)"),
         objective: str = typer.Option("throughput", "--objective",
                                       help="throughput (default: most tokens/s) or cost (least USD per token; "
                                            "may leave GPUs idle); needs prices (cluster or GPU catalog)"),
@@ -94,7 +97,10 @@ def register(app: typer.Typer) -> None:
         goal.check_prices(cl)
         cm = _cost_model(cl, profiles)
         budget = SearchBudget(time_budget_s=time_budget, seed=seed, top_k=top_k, progress=sys.stderr.isatty())
-        options = {"target_s": target} if target is not None else {}
+        if one_process and planner != "arachne":
+            raise InputError("", "--one-process", f"only the arachne planner runs a second search, not {planner!r}")
+        options = ({"target_s": target} if target is not None else {}) | ({"second_look": False} if one_process
+                                                                          else {})
         plan_doc, est, result = run_planner(planner, cl, spec, job, cm, budget, legality, goal, **options)
         print_assumptions(cl, cluster)
         if result.stats.notes.get("guard_expired"):
