@@ -38,6 +38,17 @@ def test_a_budget_spent_before_the_work_target_still_gives_a_plan_and_says_so():
     assert "tokens/s" in res.stdout and "note: planning stopped at its CPU-time guard" in res.stderr
 
 
+def test_the_second_search_is_reported_and_one_process_turns_it_off():
+    res = invoke("plan", "--cluster", CLUSTER, *JOB)
+    assert res.exit_code == 0, res.output
+    assert "second search, in another process:" in res.stdout
+    alone = invoke("plan", "--cluster", CLUSTER, *JOB, "--one-process")
+    assert alone.exit_code == 0, alone.output
+    assert "tokens/s" in alone.stdout and "second search" not in alone.stdout
+    line = one_error_line(invoke("plan", "--cluster", CLUSTER, *JOB, "--planner", "megatron", "--one-process"), 2)
+    assert "--one-process" in line
+
+
 def test_bad_flags_exit_2_with_one_line(write_doc):
     assert "--runtime" in one_error_line(invoke("plan", "--cluster", CLUSTER, *JOB, "--runtime", "jax"), 2)
     assert "--objective" in one_error_line(invoke("plan", "--cluster", CLUSTER, *JOB, "--objective", "x"), 2)
