@@ -125,7 +125,7 @@ def register(app: typer.Typer) -> None:
         console.print(plan_report(plan_doc, est, plan_doc.planning_time_s, ceiling, result.stats.notes.get("work_s")))
         if (second := result.stats.notes.get("second_look")) is not None:  # (arachne's, in a forked process)
             console.print(Text(f"second search: {second['error']}" if second.get("error") else
-                               f"second search, in another process: {second.get('work_s') or 0:.2f} s of work, "
+                               f"second search, another process: {second.get('work_s') or 0:.2f} s on the work clock, "
                                + ("found this plan" if second.get("won") else "no faster plan")))
         from arachne.planners.objective import usd_per_million_tokens
 

@@ -41,7 +41,7 @@ def test_a_budget_spent_before_the_work_target_still_gives_a_plan_and_says_so():
 def test_the_second_search_is_reported_and_one_process_turns_it_off():
     res = invoke("plan", "--cluster", CLUSTER, *JOB)
     assert res.exit_code == 0, res.output
-    assert "second search, in another process:" in res.stdout
+    assert "second search, another process:" in res.stdout
     alone = invoke("plan", "--cluster", CLUSTER, *JOB, "--one-process")
     assert alone.exit_code == 0, alone.output
     assert "tokens/s" in alone.stdout and "second search" not in alone.stdout
