@@ -76,6 +76,7 @@ def test_the_faster_of_the_two_searches_wins_and_the_plan_is_the_same_each_time(
     assert again.model_dump(exclude={"planning_time_s"}) == plan.model_dump(exclude={"planning_time_s"})
 
 
+@pytest.mark.slow
 def test_the_second_search_in_process_finds_what_the_forked_one_does(monkeypatch):
     forked, _, _ = _plan()
     monkeypatch.delattr(os, "fork")
