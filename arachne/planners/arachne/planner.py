@@ -114,11 +114,11 @@ class ArachnePlanner:
             # save there, and far more on a busy machine (the same products, the same results, on one thread)
             with threadpool_limits(limits=1, user_api="blas"):
                 result = self._plan_views(cluster, model, job, cost_model, budget)
-        except BaseException:
+            return result if second is None else with_second(result, *second.result())
+        except BaseException:  # an error or an interrupt here: the child is stopped, not waited for
             if second is not None:
                 second.cancel()
             raise
-        return result if second is None else with_second(result, *second.result())
 
     def _second_look(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
                      budget: SearchBudget) -> Forked | None:

@@ -43,8 +43,13 @@ class Forked:
             return
         try:
             r, w = os.pipe()
+        except OSError:
+            return
+        try:
             pid = os.fork()
         except OSError:
+            os.close(r)
+            os.close(w)
             return
         if pid == 0:  # the child: never returns
             os.close(r)

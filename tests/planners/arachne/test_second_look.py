@@ -46,6 +46,14 @@ def test_without_fork_the_same_value_is_computed_in_process(monkeypatch):
     assert value == 42 and error is None and pid == os.getpid()
 
 
+def test_a_fork_that_fails_runs_the_function_in_process(monkeypatch):
+    def no_fork():
+        raise OSError("no more processes")
+    monkeypatch.setattr(os, "fork", no_fork)
+    (value, pid), _, error = portfolio.Forked(_value).result()
+    assert value == 42 and error is None and pid == os.getpid()
+
+
 def test_an_error_in_the_child_comes_back_as_one_line_not_raised():
     value, _, error = portfolio.Forked(_fails).result()
     assert value is None and error == "second search failed: ValueError: no luck"
