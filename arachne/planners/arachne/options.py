@@ -61,6 +61,9 @@ class SearchOptions:
     same_gpus_first: bool = False
     """The seeds' grid next to a one-type incumbent tries its same-GPU trades first (twice the tp at half the
     depth, and at the depth that fills the type; ``seed_scope.around_incumbent``): the second search's order."""
+    whole_block_mix: bool = False
+    """The mixed rules' proxy counts whole blocks per stage, and the likeliest few rules are also built at the
+    replica count their whole blocks allow (``search.rules.granular_replicas``): the second search's rules."""
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,8 @@ class ArachnePlanner:
         rules = asdict(o.completion)
         rules["sequence_parallel"] = rules["sequence_parallel"] and o.ablation.modern_knobs  # (off: version-1 plans)
         ctx = PlanningContext(cluster, model, job, cost_model, node_parts=parts,
-                              same_gpus_first=o.search.same_gpus_first, **rules)
+                              same_gpus_first=o.search.same_gpus_first,
+                              whole_block_mix=o.search.whole_block_mix, **rules)
         pricer = RulePricer(ctx, rules=planner_rules(self.legality)) if self.legality is not None else Pricer(ctx)
         stats = SearchStats()
         early: list = []  # the passes after the search, run before the fallback (long sequences)

@@ -82,7 +82,7 @@ def test_a_graded_rule_over_the_classes_whose_nodes_hold_their_grade():
 
 
 def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
-    from arachne.planners.arachne.search.rules import _mix_proxy, mixed_rule_state
+    from arachne.planners.arachne.search.rules import _mix_guess, mixed_rule_state
 
     cl = cluster_from_dict({"name": "slow", "nodes": [
         {"name": "h{i}", "count": 4, "gpu": "H100", "gpus_per_node": 8},
@@ -91,7 +91,7 @@ def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
     both = mixed_rule_state(ctx, 4, 1)
     assert both is not None and all(a.kind == "mix" for a in both.actions)
     fast_only = State(4, (both.actions[0], Action("skip")))
-    assert _mix_proxy(ctx, fast_only) > _mix_proxy(ctx, both) > 0
+    assert _mix_guess(ctx, fast_only, False)[0] > _mix_guess(ctx, both, False)[0] > 0
 
 
 def test_moe_mixed_rule_spreads_stages_over_the_node_with_experts_sharded():

@@ -4,6 +4,7 @@ the type pools and the depth variants, screened cheaply and ordered for pricing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from itertools import zip_longest
 from typing import NamedTuple
 
@@ -381,7 +382,9 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     out), and without the classes on a much slower network
     (:func:`slow_network_classes`). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
-    (shorter pipelines; fewer replicas matter when memory is tight)."""
+    (shorter pipelines; fewer replicas matter when memory is tight). With ``ctx.whole_block_mix`` (the second
+    search's, decision 0048) the proxy counts whole blocks per stage, and the likeliest few rules are also built at
+    the replica count their whole blocks per stage allow (:func:`granular_replicas`, :data:`GRANULAR_TOP`)."""
     classes, model = ctx.classes, ctx.model
     n = len(classes)
     levels = sorted({t for c in classes for t in tp_options(model, c.node_size)})
@@ -389,14 +392,28 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     replicas = sorted({r for r in mix_replica_options(classes) if r} | set(type_fills(classes)), reverse=True)
     plain = [st for R in replicas for tp in levels if (st := mixed_rule_state(ctx, R, tp)) is not None]
     every: dict[Template, State] = {}
+    whole = ctx.whole_block_mix
+    guesses: dict[Template, tuple[float, float]] = {}
+    finer: list[tuple[float, State, tuple]] = []  # (a guess of the finer form, its rule, its arguments)
+
+    def guess(st: State) -> tuple[float, float]:
+        if not whole:  # (uncounted caching would move the first search's work clock)
+            return _mix_guess(ctx, st, False)
+        key = st.template()
+        if key not in guesses:
+            guesses[key] = _mix_guess(ctx, st, True)
+        return guesses[key]
     for j in range(n, 1, -1):
         for R in replicas:
             for tp in levels:
                 for graded in (False, True):
                     for experts in ((False, True) if model.is_moe else (False,)):
                         st = mixed_rule_state(ctx, R, tp, j, graded, experts)
-                        if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
-                            every.setdefault(st.template(), st)
+                        if st is None or not may_fit(ctx, st, spare[len(st.actions)]):
+                            continue
+                        every.setdefault(st.template(), st)
+                        if whole and (R2 := granular_replicas(ctx, st, guess)):  # (the likeliest few, below)
+                            finer.append((guess(st)[0] * R2 / R, st, (R2, tp, j, graded, experts)))
     for tp in levels:  # only the classes whose nodes are wide enough, where that leaves some out
         for graded in (False, True):
             if 2 <= sum(tp_options(model, c.node_size)[-1] >= _want(ctx, c, tp, graded) for c in classes) < n:
@@ -410,15 +427,38 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                 for graded in (False, True)
                 if (st := mixed_rule_state(ctx, R, tp, j, graded=graded, leave_out=slow)) is not None
                 and st.template() not in every and may_fit(ctx, st, 0)}
-        for st in sorted(fast.values(), key=lambda st: -_mix_proxy(ctx, st))[:SLOW_NETWORK_RULES]:
+        for st in sorted(fast.values(), key=lambda st: -guess(st)[0])[:SLOW_NETWORK_RULES]:
             every[st.template()] = st
-    ranked = sorted(every.values(), key=lambda st: -_mix_proxy(ctx, st))
+    for _, st, args in sorted(finer, key=lambda f: -f[0])[:GRANULAR_TOP]:
+        more = mixed_rule_state(ctx, *args)
+        if more is not None and may_fit(ctx, more, spare[len(more.actions)]) and guess(more)[0] > guess(st)[0]:
+            every.setdefault(more.template(), more)
+    ranked = sorted(every.values(), key=lambda st: -guess(st)[0])
     out: dict[Template, State] = {}
     for pair in zip_longest(ranked, plain):
         for st in pair:
             if st is not None:
                 out.setdefault(st.template(), st)
     return list(out.values())
+
+
+GRANULAR_TOP = 4
+"""Mixed rules whose form at the replicas of :func:`granular_replicas` is built and guessed, those whose own guess
+scaled by the replicas gained is highest: each guess of a new form costs new per-stage profiles (every rule's
+form on a 4-type MoE case doubled the rules' time and cost seed29-rerun/rob-009 12% of its plan)."""
+
+
+def granular_replicas(ctx: PlanningContext, st: State,
+                      guess: Callable[[State], tuple[float, float]] | None = None) -> int | None:
+    """More replicas for the mixed rule ``st`` where its stages hold more whole blocks than the model has at the
+    pace of its slowest one: a stage holds whole blocks, so 61 equal stages of 96 blocks run at two blocks
+    each, which 48 stages hold as well, and the GPUs those free make more replicas (fresh hold-out
+    seed200/rob-024, GPT-3-175B over MI300X and MI210 nodes: 4 replicas of 61 stages against 5 of 48, 1.11x
+    faster). ``R x capacity / L`` replicas, the capacity :func:`_mix_guess`'s in whole blocks; None where no
+    replica is gained."""
+    R = st.mix_replicas
+    R2 = int(R * (guess or (lambda s: _mix_guess(ctx, s, True)))(st)[1] / ctx.model.num_layers + 1e-9)
+    return R2 if R2 > R else None
 
 
 SLOW_NETWORK = 8.0  # a class whose inter-node network is this many times slower than the fastest's
@@ -441,11 +481,13 @@ def slow_network_classes(classes: list[DeviceClass]) -> frozenset[int]:
     return frozenset(i for i in slow if i < fast[0]) if fast else frozenset()
 
 
-def _mix_proxy(ctx: PlanningContext, st: State) -> float:
+def _mix_guess(ctx: PlanningContext, st: State, whole: bool) -> tuple[float, float]:
     """A cheap throughput guess for ordering mixed rules, in sequences per second: ``R`` pipelines
     whose layers are split in proportion to each stage's speed (TP traffic included), a 1F1B bubble, the
     slowest stage-to-stage transfer and gradient ring over each class's network; halved when the
-    stages' memory cannot hold every layer."""
+    stages' memory cannot hold every layer. With ``whole`` the split is in whole blocks (the slowest stage's share
+    rounded up: 96 blocks over 61 equal stages run at two per stage), and the second value is the blocks a
+    replica's stages hold at that pace (without: 0)."""
     ctx.work.mix_proxies += 1
     R, S, L = st.mix_replicas, st.mixed_stages(), ctx.model.num_layers
     mbs = max(a.dp for a in st.actions if a.kind == "mix")  # every stage's dp groups get a sequence
@@ -460,7 +502,10 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
             p2p = 2 * act / a.tp * c.node_size / c.inter_node_bw if c.node_size > 1 else 0.0
             slots.append((c, a, prof, L / max(float(prof.time_prefix[L]), 1e-12), p2p))
     rate = sum(a.stages * r for _, a, _, r, _ in slots)
-    tau = max(L / rate, max(1.0 / r for *_, r, _ in slots)) + max(p for *_, p in slots)
+    tau, blocks = max(L / rate, max(1.0 / r for *_, r, _ in slots)), 0
+    while whole and (blocks := sum(a.stages * int(tau * r * (1 + 1e-9)) for _, a, _, r, _ in slots)) < L:
+        tau = min((int(tau * r * (1 + 1e-9)) + 1) / r for *_, r, _ in slots)
+    tau += max(p for *_, p in slots)
     room, sync = 0.0, 0.0
     for c, a, prof, r, _ in slots:
         per_layer = (prof.mem_param_prefix[L] + min(S, m) * prof.mem_act_prefix[L]) / L
@@ -468,7 +513,7 @@ def _mix_proxy(ctx: PlanningContext, st: State) -> float:
         if R > 1 and c.node_size > 1:
             sync = max(sync, 2 * L * r / rate * grad_bytes / a.tp * c.node_size / c.inter_node_bw)
     step = (m + S - 1) * tau + sync
-    return R * m * mbs / step * (1.0 if room >= L else 0.5)
+    return R * m * mbs / step * (1.0 if room >= L else 0.5), float(blocks)
 
 
 def speed_grade(fastest: GPUType, gpu: GPUType, precision: str) -> int:
