@@ -108,7 +108,8 @@ class PlanningContext:
     trim_last: bool = True  # with few micro-batches per stage, layers moved off the last stage (the 1F1B timeline)
     node_parts: bool = True  # classes of odd-sized nodes by power-of-two parts (see template.node_parts)
     same_gpus_first: bool = False  # the seeds' grid next to the incumbent: its same-GPU trades first (SearchOptions)
-    whole_block_mix: bool = False  # the mixed rules in whole blocks per stage (SearchOptions)
+    whole_block_mix: bool = False  # the mixed rules in whole blocks per stage, a last pass (SearchOptions)
+    mixed_rule_args: list = field(default_factory=list)  # (rule, its arguments) for that pass (search/whole_blocks)
     best_tok_s: float = 0.0  # the fastest fitting plan priced so far
     group_sizes: bool = True  # a group of pipelines may take its own micro-batch size (priced from the best)
     group_within: float = GROUP_WITHIN  # ... on templates priced within this share of the fastest plan so far

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from itertools import zip_longest
 from typing import Any
@@ -31,6 +32,7 @@ from arachne.planners.arachne.search.beams import policy_search, teacher_search
 from arachne.planners.arachne.search.pricer import Pricer
 from arachne.planners.arachne.search.refine import SPANNING_GAIN, refine, spanning_dropped
 from arachne.planners.arachne.search.rules import rule_pool
+from arachne.planners.arachne.search.whole_blocks import WHOLE_BLOCK_SHARE, whole_block_pass
 from arachne.planners.arachne.template import has_odd_nodes
 from arachne.planners.arachne.work_clock import WorkClock
 from arachne.planners.objective import Objective
@@ -384,6 +386,10 @@ class ArachnePlanner:
             polished += self._polish_final(pricer.results() + polished, cost_model,
                                            Deadline(FINAL_POLISH_SHARE * whole, clock, guard))
             mark("final")
+        if ctx.whole_block_mix and pricer.best() is not None:  # the second search's last pass (decision 0048)
+            clock = work if o.target.clock == "work" else time.perf_counter
+            polished += self._whole_blocks(ctx, pricer, polished, whole, clock, guard, stats)
+            mark("whole_blocks")
         score = self._score
         ranked = sorted(pricer.results() + polished,  # distinct plans, best first (fastest by default)
                         key=lambda r: score(r[1]))[: max(1, budget.top_k)]
@@ -397,6 +403,26 @@ class ArachnePlanner:
             stats.notes["guard_expired"] = True
         stats.notes["work"] = asdict(work.tally())
         return PlannerResult([r[0] for r in ranked], [score(r[1]) for r in ranked], stats)
+
+    def _whole_blocks(self, ctx: PlanningContext, pricer: Pricer, polished: list, whole: float,
+                      clock: Callable[[], float], guard: Deadline, stats: SearchStats) -> list:
+        """The mixed rules at the replicas their whole blocks per stage allow (``search/whole_blocks.py``), screened
+        for ``WHOLE_BLOCK_SHARE`` of the target after everything else; one that beats every plan so far is priced
+        in full and given the knobs (their own share). Returns the knobs' plans (the rest join the pricer's);
+        ``notes["whole_blocks"]``: the forms screened, and those faster than every plan before."""
+        best = min(self._score(e) for _, e in pricer.results() + polished)
+        deadline = Deadline(WHOLE_BLOCK_SHARE * whole, clock, guard)
+        faster = []
+        for st in (done := whole_block_pass(ctx, pricer, deadline)):
+            r = pricer.screened.get(st.template())
+            if r is not None and self._score(r[1]) < best and not guard.expired():
+                pricer.price_state(st)
+                faster += [r for r in (pricer.cache.get(st.template()), r) if r is not None]
+        stats.notes["whole_blocks"] = {"screened": len(done), "faster": len(faster)}
+        if not faster or not self.options.ablation.modern_knobs:
+            return []
+        return modern_pass(faster, ctx.cost_model, ctx.job, self.legality, clock, whole, guard, self._score,
+                           work=ctx.work)
 
     @property
     def _priced(self) -> bool:

@@ -437,3 +437,31 @@ def test_speed_grade_is_the_power_of_two_nearest_the_peak_ratio():
     assert speed_grade(h100, v100, "bf16") == 8  # 989 / 125
     assert speed_grade(a100, h100, "bf16") == 1  # never narrower than the fastest type's
     assert speed_grade(h100, a100, "fp8") == speed_grade(h100, a100, "bf16")  # the A100 has no fp8 rate
+
+
+def test_the_second_searchs_last_pass_builds_the_rules_at_the_replicas_their_whole_blocks_free():
+    """96 blocks over 31 equal stages run at four blocks a stage, as 25 stages would: the second search's last
+    pass (``whole_block_mix``) builds the rule at the replicas the freed GPUs make (5, a count the replica grid
+    lacks), faster than every rule of the pool; the pool itself is the same with or without it (fresh hold-out
+    seed200/rob-024's shape)."""
+    from arachne.planners.arachne.search.pricer import Pricer
+    from arachne.planners.arachne.search.rules import _mix_guess, mixed_floor_states
+    from arachne.planners.arachne.search.whole_blocks import finer_forms
+
+    cl = cluster_from_dict({"name": "wb", "nodes": [
+        {"name": "m{i}", "count": 122, "gpu": "MI300X", "gpus_per_node": 1},
+        {"name": "v{i}", "count": 6, "gpu": "V100-16", "gpus_per_node": 8}]})
+    pools = {}
+    for whole in (False, True):
+        ctx = ctx_for("GPT-3-175B", gbs=1024, seq=2048, cluster=cl)
+        ctx.whole_block_mix = whole
+        pools[whole] = mixed_floor_states(ctx)
+        assert bool(ctx.mixed_rule_args) == whole
+    assert [st.template() for st in pools[True]] == [st.template() for st in pools[False]]
+    for st in pools[True]:
+        fractional, blocks = _mix_guess(ctx, st, False)[0], _mix_guess(ctx, st, True)
+        assert blocks[0] <= fractional * (1 + 1e-9) and blocks[1] >= ctx.model.num_layers
+    finer = finer_forms(ctx)
+    assert finer and {st.mix_replicas for st in finer} - {st.mix_replicas for st in pools[True]} == {5}
+    pricer = Pricer(ctx)
+    assert max(map(pricer.screen_state, finer)) > max(map(pricer.screen_state, pools[True]))

@@ -118,3 +118,26 @@ def test_no_second_search_above_its_cluster_size(monkeypatch):
     monkeypatch.setattr(planner_mod, "SECOND_LOOK_MAX_GPUS", len(SMALL.devices) - 1)
     _, _, res = _plan()
     assert "second_look" not in res.stats.notes
+
+
+def test_the_whole_block_pass_runs_last_and_only_adds_plans():
+    """The second search's last pass (decision 0048) leaves every phase before it as it was and returns a plan at
+    least as fast (on 96 blocks over single-GPU MI300X nodes and V100 nodes it screens the rule at 5 replicas)."""
+    from arachne.spec.cluster import cluster_from_dict
+    from arachne.spec.model import model_catalog
+
+    cl = cluster_from_dict({"name": "wb", "nodes": [
+        {"name": "m{i}", "count": 122, "gpu": "MI300X", "gpus_per_node": 1},
+        {"name": "v{i}", "count": 6, "gpu": "V100-16", "gpus_per_node": 8}]})
+    job, spec = Job(global_batch_size=1024, sequence_length=2048), model_catalog().get("GPT-3-175B")
+    runs = {}
+    for whole in (False, True):
+        opts = {**portfolio.SECOND_LOOK, "second_look": False, "whole_block_mix": whole}
+        plan, est, res = run_planner("arachne", cl, spec, job, CostModel(cl), SearchBudget(time_budget_s=60),
+                                     Legality.of("arachne"), **opts)
+        runs[whole] = (est, res.stats.notes["phases"], res.stats.notes.get("whole_blocks"))
+    phases = runs[True][1]
+    assert "whole_blocks" in phases and "whole_blocks" not in runs[False][1]
+    assert {k: v for k, v in phases.items() if k != "whole_blocks"} == runs[False][1]
+    assert runs[True][2]["screened"] >= 1 and runs[False][2] is None
+    assert runs[True][0].tokens_per_s >= runs[False][0].tokens_per_s

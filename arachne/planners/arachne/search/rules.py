@@ -4,7 +4,6 @@ the type pools and the depth variants, screened cheaply and ordered for pricing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from itertools import zip_longest
 from typing import NamedTuple
 
@@ -383,8 +382,8 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     (:func:`slow_network_classes`). Two orders are interleaved: a cheap
     throughput proxy over all of them, and all classes at one tp level with more replicas first
     (shorter pipelines; fewer replicas matter when memory is tight). With ``ctx.whole_block_mix`` (the second
-    search's, decision 0048) the proxy counts whole blocks per stage, and the likeliest few rules are also built at
-    the replica count their whole blocks per stage allow (:func:`granular_replicas`, :data:`GRANULAR_TOP`)."""
+    search's) each rule of the fastest-``j`` loop is also kept with its arguments in ``ctx.mixed_rule_args``, for
+    the search's last pass (``search/whole_blocks.py``)."""
     classes, model = ctx.classes, ctx.model
     n = len(classes)
     levels = sorted({t for c in classes for t in tp_options(model, c.node_size)})
@@ -392,28 +391,16 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     replicas = sorted({r for r in mix_replica_options(classes) if r} | set(type_fills(classes)), reverse=True)
     plain = [st for R in replicas for tp in levels if (st := mixed_rule_state(ctx, R, tp)) is not None]
     every: dict[Template, State] = {}
-    whole = ctx.whole_block_mix
-    guesses: dict[Template, tuple[float, float]] = {}
-    finer: list[tuple[float, State, tuple]] = []  # (a guess of the finer form, its rule, its arguments)
-
-    def guess(st: State) -> tuple[float, float]:
-        if not whole:  # (uncounted caching would move the first search's work clock)
-            return _mix_guess(ctx, st, False)
-        key = st.template()
-        if key not in guesses:
-            guesses[key] = _mix_guess(ctx, st, True)
-        return guesses[key]
     for j in range(n, 1, -1):
         for R in replicas:
             for tp in levels:
                 for graded in (False, True):
                     for experts in ((False, True) if model.is_moe else (False,)):
                         st = mixed_rule_state(ctx, R, tp, j, graded, experts)
-                        if st is None or not may_fit(ctx, st, spare[len(st.actions)]):
-                            continue
-                        every.setdefault(st.template(), st)
-                        if whole and (R2 := granular_replicas(ctx, st, guess)):  # (the likeliest few, below)
-                            finer.append((guess(st)[0] * R2 / R, st, (R2, tp, j, graded, experts)))
+                        if st is not None and may_fit(ctx, st, spare[len(st.actions)]):
+                            every.setdefault(st.template(), st)
+                            if ctx.whole_block_mix:
+                                ctx.mixed_rule_args.append((st, (R, tp, j, graded, experts)))
     for tp in levels:  # only the classes whose nodes are wide enough, where that leaves some out
         for graded in (False, True):
             if 2 <= sum(tp_options(model, c.node_size)[-1] >= _want(ctx, c, tp, graded) for c in classes) < n:
@@ -427,38 +414,15 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                 for graded in (False, True)
                 if (st := mixed_rule_state(ctx, R, tp, j, graded=graded, leave_out=slow)) is not None
                 and st.template() not in every and may_fit(ctx, st, 0)}
-        for st in sorted(fast.values(), key=lambda st: -guess(st)[0])[:SLOW_NETWORK_RULES]:
+        for st in sorted(fast.values(), key=lambda st: -_mix_guess(ctx, st, False)[0])[:SLOW_NETWORK_RULES]:
             every[st.template()] = st
-    for _, st, args in sorted(finer, key=lambda f: -f[0])[:GRANULAR_TOP]:
-        more = mixed_rule_state(ctx, *args)
-        if more is not None and may_fit(ctx, more, spare[len(more.actions)]) and guess(more)[0] > guess(st)[0]:
-            every.setdefault(more.template(), more)
-    ranked = sorted(every.values(), key=lambda st: -guess(st)[0])
+    ranked = sorted(every.values(), key=lambda st: -_mix_guess(ctx, st, False)[0])
     out: dict[Template, State] = {}
     for pair in zip_longest(ranked, plain):
         for st in pair:
             if st is not None:
                 out.setdefault(st.template(), st)
     return list(out.values())
-
-
-GRANULAR_TOP = 4
-"""Mixed rules whose form at the replicas of :func:`granular_replicas` is built and guessed, those whose own guess
-scaled by the replicas gained is highest: each guess of a new form costs new per-stage profiles (every rule's
-form on a 4-type MoE case doubled the rules' time and cost seed29-rerun/rob-009 12% of its plan)."""
-
-
-def granular_replicas(ctx: PlanningContext, st: State,
-                      guess: Callable[[State], tuple[float, float]] | None = None) -> int | None:
-    """More replicas for the mixed rule ``st`` where its stages hold more whole blocks than the model has at the
-    pace of its slowest one: a stage holds whole blocks, so 61 equal stages of 96 blocks run at two blocks
-    each, which 48 stages hold as well, and the GPUs those free make more replicas (fresh hold-out
-    seed200/rob-024, GPT-3-175B over MI300X and MI210 nodes: 4 replicas of 61 stages against 5 of 48, 1.11x
-    faster). ``R x capacity / L`` replicas, the capacity :func:`_mix_guess`'s in whole blocks; None where no
-    replica is gained."""
-    R = st.mix_replicas
-    R2 = int(R * (guess or (lambda s: _mix_guess(ctx, s, True)))(st)[1] / ctx.model.num_layers + 1e-9)
-    return R2 if R2 > R else None
 
 
 SLOW_NETWORK = 8.0  # a class whose inter-node network is this many times slower than the fastest's
