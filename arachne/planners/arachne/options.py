@@ -62,8 +62,8 @@ class SearchOptions:
     """The seeds' grid next to a one-type incumbent tries its same-GPU trades first (twice the tp at half the
     depth, and at the depth that fills the type; ``seed_scope.around_incumbent``): the second search's order."""
     whole_block_mix: bool = False
-    """The mixed rules' proxy counts whole blocks per stage, and the likeliest few rules are also built at the
-    replica count their whole blocks allow (``search.rules.granular_replicas``): the second search's rules."""
+    """A last pass: the likeliest mixed rules at the replica count their whole blocks per stage free, screened
+    (``search/whole_blocks.py``): the second search's."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ SECOND_LOOK: dict[str, Any] = {"use_ranker": False, "min_screened": 16, "seed_sh
 """The second search's options (flat keywords of :class:`~.options.ArachneOptions`): the proposals and the rules
 screened in their own order, at least 16 of them (the first search: the learned order, at least 8), with 0.3 of
 its target for the seeds (the first: 0.08), the seeds' grid next to the incumbent in another order
-(``same_gpus_first``), the mixed rules in whole blocks per stage (``whole_block_mix``, decision 0048), and a
-shorter target (0.9 s of work against 1.2 s): its longer screening and seed passes
+(``same_gpus_first``), a last pass over the mixed rules in whole blocks per stage (``whole_block_mix``, decision
+0048), and a shorter target (0.9 s of work against 1.2 s): its longer screening and seed passes
 overrun their target on large clusters, and it should end when the first does."""
 SECOND_LOOK_MAX_GPUS = 768
 """Only on clusters of at most this many GPUs: on larger ones both searches' fixed costs (the rule pool, the
