@@ -8,7 +8,7 @@ first K templates divided by the best of the whole pool. Orderings:
   interleaved  policy proposals interleaved with the rules (the planner's order before the ranker)
   proxy        the ranker's hand-made pipeline model alone (its first feature) over the whole pool
   rules        the mixed rules alone, in their own order (proxy interleaved with the plain order)
-  rule-proxy   the mixed rules alone, by their throughput proxy (``_mix_guess``)
+  rule-proxy   the mixed rules alone, by their throughput proxy (``mix_guess``)
   plain        the mixed rules, all classes at one tp level, more replicas first (the first rule)
   random       the whole pool shuffled (mean of 5 shuffles)
   planner      what the base pass has after screening K: the rule pool's first mixed rule ahead of the learned
@@ -43,7 +43,7 @@ from arachne.planners.arachne.options import ArachneOptions
 from arachne.planners.arachne.search.beams import policy_search
 from arachne.planners.arachne.search.pricer import Pricer
 from arachne.planners.arachne.search.rules import (
-    _mix_guess,
+    mix_guess,
     mixed_floor_states,
     mixed_rule_state,
     rule_pool,
@@ -108,7 +108,7 @@ def rule_order(a) -> None:
                                   for t in pair if t is not None],
                   "proxy": by(lambda i: -x[i, -2]),
                   "rules": mixed_t,
-                  "rule-proxy": [st.template() for st in sorted(mixed, key=lambda s_: -_mix_guess(ctx, s_, False)[0])],
+                  "rule-proxy": [st.template() for st in sorted(mixed, key=lambda s_: -mix_guess(ctx, s_, False)[0])],
                   "plain": plain_order(ctx)}
         # how much the policy's proposals add: the best of every rule template (the floor's core and the
         # mixed rules) over the best of the pool and the core

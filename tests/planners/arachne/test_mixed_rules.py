@@ -82,7 +82,7 @@ def test_a_graded_rule_over_the_classes_whose_nodes_hold_their_grade():
 
 
 def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
-    from arachne.planners.arachne.search.rules import _mix_guess, mixed_rule_state
+    from arachne.planners.arachne.search.rules import mix_guess, mixed_rule_state
 
     cl = cluster_from_dict({"name": "slow", "nodes": [
         {"name": "h{i}", "count": 4, "gpu": "H100", "gpus_per_node": 8},
@@ -91,7 +91,7 @@ def test_mix_proxy_prefers_leaving_a_class_on_a_crawling_network_out():
     both = mixed_rule_state(ctx, 4, 1)
     assert both is not None and all(a.kind == "mix" for a in both.actions)
     fast_only = State(4, (both.actions[0], Action("skip")))
-    assert _mix_guess(ctx, fast_only, False)[0] > _mix_guess(ctx, both, False)[0] > 0
+    assert mix_guess(ctx, fast_only, False)[0] > mix_guess(ctx, both, False)[0] > 0
 
 
 def test_moe_mixed_rule_spreads_stages_over_the_node_with_experts_sharded():
@@ -445,7 +445,7 @@ def test_the_second_searchs_last_pass_builds_the_rules_at_the_replicas_their_who
     lacks), faster than every rule of the pool; the pool itself is the same with or without it (fresh hold-out
     seed200/rob-024's shape)."""
     from arachne.planners.arachne.search.pricer import Pricer
-    from arachne.planners.arachne.search.rules import _mix_guess, mixed_floor_states
+    from arachne.planners.arachne.search.rules import mix_guess, mixed_floor_states
     from arachne.planners.arachne.search.whole_blocks import finer_forms
 
     cl = cluster_from_dict({"name": "wb", "nodes": [
@@ -459,7 +459,7 @@ def test_the_second_searchs_last_pass_builds_the_rules_at_the_replicas_their_who
         assert bool(ctx.mixed_rule_args) == whole
     assert [st.template() for st in pools[True]] == [st.template() for st in pools[False]]
     for st in pools[True]:
-        fractional, blocks = _mix_guess(ctx, st, False)[0], _mix_guess(ctx, st, True)
+        fractional, blocks = mix_guess(ctx, st, False)[0], mix_guess(ctx, st, True)
         assert blocks[0] <= fractional * (1 + 1e-9) and blocks[1] >= ctx.model.num_layers
     finer = finer_forms(ctx)
     assert finer and {st.mix_replicas for st in finer} - {st.mix_replicas for st in pools[True]} == {5}

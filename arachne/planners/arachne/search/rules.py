@@ -414,9 +414,9 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
                 for graded in (False, True)
                 if (st := mixed_rule_state(ctx, R, tp, j, graded=graded, leave_out=slow)) is not None
                 and st.template() not in every and may_fit(ctx, st, 0)}
-        for st in sorted(fast.values(), key=lambda st: -_mix_guess(ctx, st, False)[0])[:SLOW_NETWORK_RULES]:
+        for st in sorted(fast.values(), key=lambda st: -mix_guess(ctx, st, False)[0])[:SLOW_NETWORK_RULES]:
             every[st.template()] = st
-    ranked = sorted(every.values(), key=lambda st: -_mix_guess(ctx, st, False)[0])
+    ranked = sorted(every.values(), key=lambda st: -mix_guess(ctx, st, False)[0])
     out: dict[Template, State] = {}
     for pair in zip_longest(ranked, plain):
         for st in pair:
@@ -445,7 +445,7 @@ def slow_network_classes(classes: list[DeviceClass]) -> frozenset[int]:
     return frozenset(i for i in slow if i < fast[0]) if fast else frozenset()
 
 
-def _mix_guess(ctx: PlanningContext, st: State, whole: bool) -> tuple[float, float]:
+def mix_guess(ctx: PlanningContext, st: State, whole: bool) -> tuple[float, float]:
     """A cheap throughput guess for ordering mixed rules, in sequences per second: ``R`` pipelines
     whose layers are split in proportion to each stage's speed (TP traffic included), a 1F1B bubble, the
     slowest stage-to-stage transfer and gradient ring over each class's network; halved when the

@@ -13,7 +13,7 @@ from __future__ import annotations
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.search.pricer import Pricer
-from arachne.planners.arachne.search.rules import _mix_guess, may_fit, mixed_rule_state
+from arachne.planners.arachne.search.rules import may_fit, mix_guess, mixed_rule_state
 from arachne.planners.protocol import Deadline
 
 GRANULAR_TOP = 4
@@ -27,7 +27,7 @@ def granular_replicas(ctx: PlanningContext, st: State) -> tuple[int, float] | No
     """``(R2, guess)``: more replicas for the mixed rule ``st`` where its stages hold more whole blocks than the
     model has at the pace of its slowest one (``R x blocks // L``), with the rule's whole-block guess; None where
     no replica is gained."""
-    guess, blocks = _mix_guess(ctx, st, True)
+    guess, blocks = mix_guess(ctx, st, True)
     R = st.mix_replicas
     R2 = int(R * blocks / ctx.model.num_layers + 1e-9)
     return (R2, guess) if R2 > R else None
@@ -50,7 +50,7 @@ def finer_forms(ctx: PlanningContext) -> list[State]:
     for _, guess, args in sorted(ranked, key=lambda r: -r[0])[:GRANULAR_TOP]:
         st = mixed_rule_state(ctx, *args)
         if (st is not None and st.template() not in seen and may_fit(ctx, st, spare[len(st.actions)])
-                and _mix_guess(ctx, st, True)[0] > guess):
+                and mix_guess(ctx, st, True)[0] > guess):
             seen.add(st.template())
             out.append(st)
     return out
