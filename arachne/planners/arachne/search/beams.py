@@ -17,7 +17,7 @@ from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.learned.features import FeatureBuilder
 from arachne.planners.arachne.learned.policy import Policy
 from arachne.planners.arachne.search.pricer import Pricer
-from arachne.planners.arachne.search.rules import may_fit
+from arachne.planners.arachne.search.rules import may_fit, spare_memory
 from arachne.planners.protocol import Deadline
 
 
@@ -79,7 +79,7 @@ def policy_search(ctx: PlanningContext, policy: Policy, k: int = 24, feats: Feat
     beams: list[tuple[float, State]] = [(0.0, State(r)) for r in roots]
     # a template whose GPUs cannot hold one copy of the model state never fits: such beams are dropped
     # (when some beam can still fit), so a memory-tight problem does not spend its proposals on them
-    later = [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(len(classes) + 1)]
+    later = spare_memory(classes)
     for ci in range(len(classes)):
         cand: list[tuple[float, State]] = []
         width = 1 if deadline is not None and deadline.expired() else k

@@ -39,6 +39,12 @@ from arachne.planners.protocol import Deadline
 from arachne.spec.gpus import GPUType
 
 
+def spare_memory(classes: list[DeviceClass]) -> list[float]:
+    """For each ``i``, the bytes of GPU memory in ``classes[i:]``: :func:`may_fit`'s ``spare`` for a template
+    that has decided the first ``i`` classes."""
+    return [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(len(classes) + 1)]
+
+
 def may_fit(ctx: PlanningContext, st: State, spare: float = 0.0) -> bool:
     """A necessary condition for a (partial) template to fit, with ``spare`` bytes of GPUs still to be
     decided: its GPUs hold one copy of the model state, and every pipeline holds the weights and
@@ -387,7 +393,7 @@ def mixed_floor_states(ctx: PlanningContext) -> list[State]:
     classes, model = ctx.classes, ctx.model
     n = len(classes)
     levels = sorted({t for c in classes for t in tp_options(model, c.node_size)})
-    spare = [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(n + 1)]
+    spare = spare_memory(classes)
     replicas = sorted({r for r in mix_replica_options(classes) if r} | set(type_fills(classes)), reverse=True)
     plain = [st for R in replicas for tp in levels if (st := mixed_rule_state(ctx, R, tp)) is not None]
     every: dict[Template, State] = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from arachne.planners.arachne.actions import State
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.search.pricer import Pricer
-from arachne.planners.arachne.search.rules import may_fit, mix_guess, mixed_rule_state
+from arachne.planners.arachne.search.rules import may_fit, mix_guess, mixed_rule_state, spare_memory
 from arachne.planners.protocol import Deadline
 
 GRANULAR_TOP = 4
@@ -37,8 +37,7 @@ def finer_forms(ctx: PlanningContext) -> list[State]:
     """The mixed rules that the rule pool built (``ctx.mixed_rule_args``) at their :func:`granular_replicas`, for
     the :data:`GRANULAR_TOP` whose guess scaled by the replicas gained is highest, kept where the finer form's own
     whole-block guess is higher and it may fit."""
-    classes = ctx.classes
-    spare = [sum(c.gpu.memory_bytes * c.count for c in classes[i:]) for i in range(len(classes) + 1)]
+    spare = spare_memory(ctx.classes)
     seen, ranked = set(), []
     for st, (R, *rest) in ctx.mixed_rule_args:
         if st.template() in seen:
