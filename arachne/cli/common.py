@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import typer
 from rich.console import Console
@@ -53,3 +55,33 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(0)
 
     return wrapper
+
+
+@contextmanager
+def work_progress(label: str, total: int, step_share: float = 0.05) -> Iterator[Callable[[int], None]]:
+    """Progress of long work (training runs of tens of minutes) on stderr; yields ``advance(n)``. A bar on a
+    terminal; elsewhere (a batch job's log) one plain line at every ``step_share`` of ``total`` and at the end,
+    so a log shows how far the work is and how long it has taken. Nothing when ``total`` is 0."""
+    if total <= 0:
+        yield lambda n: None
+        return
+    if err_console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console) as prog:
+            task = prog.add_task(label, total=total)
+            yield lambda n: prog.update(task, advance=n)
+        return
+    t0, done, shown = time.monotonic(), 0, 0
+    every = max(1, round(total * step_share))
+
+    def advance(n: int) -> None:
+        nonlocal done, shown
+        done += n
+        if done // every > shown // every or done >= total > shown:
+            shown = done
+            secs = int(time.monotonic() - t0)
+            err_console.print(f"{label}: {done}/{total} ({100 * done // total}%), {secs // 60}:{secs % 60:02d} elapsed")
+
+    yield advance

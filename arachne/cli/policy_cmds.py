@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from arachne.cli.common import console, err_console, handle_errors
+from arachne.cli.common import console, err_console, handle_errors, work_progress
 from arachne.errors import InputError
 
 
@@ -86,22 +86,11 @@ def register(app: typer.Typer) -> None:
         console.print(f"installed into {target}")
 
     def _run(cfg, out, clusters, val_clusters, rounds):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
         from arachne.planners.arachne.train.pipeline import run_pipeline
 
         total = clusters + val_clusters + (rounds - 1) * max(1, clusters // 2)
-        with Progress(TextColumn("teacher labelling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console) as prog:
-            task = prog.add_task("label", total=total)
-            return run_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
-                                log=lambda s: err_console.print(s))
+        with work_progress("teacher labelling", total) as advance:
+            return run_pipeline(cfg, out, advance, log=lambda s: err_console.print(s))
 
     @app.command("train-ranker")
     @handle_errors
@@ -138,14 +127,6 @@ def register(app: typer.Typer) -> None:
                 screened = Pools.load(pools)
             except (OSError, ValueError, KeyError) as e:
                 raise InputError(str(pools), "--pools", f"not a ranker_pools.npz file ({e})") from None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
         from arachne.planners.arachne.train.learn import TrainConfig
         from arachne.planners.arachne.train.ranker import (
             RankerConfig,
@@ -157,11 +138,8 @@ def register(app: typer.Typer) -> None:
                            train=TrainConfig(hidden=128, epochs=epochs, batch_decisions=64, tau=0.05, seed=seed))
         total = 0 if screened is not None else clusters + val_clusters + production + (production and
                                                                                      max(1, production // 10))
-        with Progress(TextColumn("screening template pools"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console, disable=screened is not None) as prog:
-            task = prog.add_task("pools", total=total)
-            _, info = run_ranker_pipeline(cfg, out, lambda n: prog.update(task, advance=n),
-                                          log=lambda s: err_console.print(s), pools=screened)
+        with work_progress("screening template pools", total) as advance:
+            _, info = run_ranker_pipeline(cfg, out, advance, log=lambda s: err_console.print(s), pools=screened)
         curve = info["rounds"][-1]["curve"]
         best = min(curve, key=lambda r: r.get("val_loss", r["train_loss"]))
         console.print(f"trained on {info['training_problems']} pools, {info['templates']} templates; kept epoch "
