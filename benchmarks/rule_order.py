@@ -14,8 +14,8 @@ first K templates divided by the best of the whole pool. Orderings:
   planner      what the base pass has after screening K: the rule pool's first mixed rule ahead of the learned
                order (``SearchOptions.proxy_first``), and the floor's core, which it prices before screening; scored
                against the best of the pool and the core (the other orderings leave the core out)
-Each ordering's K = 8 mean comes with a 95% interval (bootstrap over the cases): from one set of about 60 clusters
-to the next, the same ordering's mean moves by up to 0.03. It also prints how much the policy's proposals add:
+Each ordering's K = 8 mean comes with a 95% interval (bootstrap over the cases; how far the mean moves between
+sets of clusters is in docs/decisions/0012-tried-and-dropped.md). It also prints how much the policy's proposals add:
 the best of every rule template (the floor's core and the rule pool), screened, against the best with the proposals.
 Cases: the planners grid and the random clusters of ``sweep run`` for each ``--seeds`` value; neither is
 in the ranker's training set.
