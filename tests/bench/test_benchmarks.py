@@ -279,6 +279,7 @@ def test_a_sweep_rerun_end_to_end_is_counted_apart_never_twice():
     assert "| 1 | 1 | 0.9000 |" in rows["seed 0-5"]
 
 
+@pytest.mark.slow
 def test_a_stored_recheck_raises_the_best_baseline_of_its_sweep(tmp_path, monkeypatch):
     """A baseline's miss run again (``sweep recheck``) and stored counts as that sweep's run: the best baseline of
     the case is the faster of the two, and the stored recheck is append-only and checked like a sweep."""

@@ -38,6 +38,7 @@ def test_a_budget_spent_before_the_work_target_still_gives_a_plan_and_says_so():
     assert "tokens/s" in res.stdout and "note: planning stopped at its CPU-time guard" in res.stderr
 
 
+@pytest.mark.slow
 def test_the_second_search_is_reported_and_one_process_turns_it_off():
     res = invoke("plan", "--cluster", CLUSTER, *JOB)
     assert res.exit_code == 0, res.output

@@ -439,6 +439,7 @@ def test_speed_grade_is_the_power_of_two_nearest_the_peak_ratio():
     assert speed_grade(h100, a100, "fp8") == speed_grade(h100, a100, "bf16")  # the A100 has no fp8 rate
 
 
+@pytest.mark.slow
 def test_the_second_searchs_last_pass_builds_the_rules_at_the_replicas_their_whole_blocks_free():
     """96 blocks over 31 equal stages run at four blocks a stage, as 25 stages would: the second search's last
     pass (``whole_block_mix``) builds the rule at the replicas the freed GPUs make (5, a count the replica grid

@@ -73,6 +73,7 @@ def _plan(**options):
                        **options)
 
 
+@pytest.mark.slow
 def test_the_faster_of_the_two_searches_wins_and_the_plan_is_the_same_each_time():
     plan, est, res = _plan()
     _, alone, _ = _plan(second_look=False)
@@ -120,6 +121,7 @@ def test_no_second_search_above_its_cluster_size(monkeypatch):
     assert "second_look" not in res.stats.notes
 
 
+@pytest.mark.slow
 def test_the_whole_block_pass_runs_last_and_only_adds_plans():
     """The second search's last pass (decision 0048) leaves every phase before it as it was and returns a plan at
     least as fast (on 96 blocks over single-GPU MI300X nodes and V100 nodes it screens the rule at 5 replicas)."""

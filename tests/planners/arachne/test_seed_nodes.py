@@ -54,6 +54,7 @@ def test_the_uniform_nodes_are_the_node_size_with_the_most_gpus_over_several_typ
     assert seeds.uniform_nodes(tie)[1] == 8
 
 
+@pytest.mark.slow
 def test_the_seeds_price_the_uniform_nodes_right_after_the_incumbents_own_tp(monkeypatch):
     """The walk over the incumbent's GPU type (here the H20) used up the seeds' time on seed107/rob-016 before any
     subset with the H100 and A100 nodes of 8; megatron-oblivious's one stage of tp 8 x dp 32 over those nodes was
@@ -127,6 +128,7 @@ ROB014 = {"name": "rob-014", "nodes": [
 as one lock-step pipeline of 16 stages, each data parallel over one node of 8 (H100, L40S, A100)."""
 
 
+@pytest.mark.slow
 def test_a_dense_model_gets_the_type_oblivious_lock_step_pipeline_of_node_wide_stages_over_the_uniform_nodes(
         monkeypatch):
     """The seeds priced that form for MoE models only; for a dense model their replicas were pipelines of one GPU
@@ -185,6 +187,7 @@ ROB028 = {"name": "rob-028", "nodes": [
 lock-step pipeline of 8 stages, each data parallel over one node of 8 (the H200 nodes, then the H800 nodes)."""
 
 
+@pytest.mark.slow
 def test_where_the_walk_holds_the_uniform_nodes_a_dense_model_still_gets_their_lock_step_pipeline(monkeypatch):
     """The incumbent runs on the H200 and H800 nodes, so the walk over subsets starts there and the uniform nodes'
     pass stood down, and with it the one form the walk has not: the lock-step pipeline of node-wide stages
@@ -286,6 +289,7 @@ NICs (1.25 GB/s) are about 200 times slower than their NVLink; arachne's seeds, 
 (0.934x)."""
 
 
+@pytest.mark.slow
 def test_an_moe_model_on_nodes_with_slow_nics_is_seeded_first_with_node_wide_stages(monkeypatch):
     """Every stage inside one node (tp x dp = 8), the A100 and H100 nodes' stages in one lock-step pipeline,
     priced before the walk over class subsets; not where the same nodes have their catalog networks."""

@@ -273,6 +273,7 @@ ROB010 = {"name": "rob-010", "nodes": [
     {"name": "gh200-x4-{i}", "count": 6, "gpu": "GH200", "gpus_per_node": 4, "inter_node_gbps": 50}]}
 
 
+@pytest.mark.slow
 def test_the_type_that_shares_the_batch_best_is_seeded_first():
     cl = cluster_from_dict(ROB010)
     ctx = PlanningContext(cl, model_catalog().get("GPT-3-6.7B"), Job(global_batch_size=128, sequence_length=512),
@@ -704,6 +705,7 @@ def test_the_second_searchs_grid_next_to_the_incumbent_tries_the_same_gpus_at_tw
     assert pairs[2] == (2, 32) and len(set(pairs)) == len(pairs) and set(first) <= set(pairs)
 
 
+@pytest.mark.slow
 def test_the_seed_pass_prices_the_grid_next_to_a_one_type_incumbent_after_its_own_tp(monkeypatch):
     """The grid next to the search's plan comes right after the incumbent's own tp at its shallowest depths (the
     walk's first look, which odd113-rerun/rob-009 needs) and before the other tps: odd110-rerun/rob-020 (OPT-30 on 256

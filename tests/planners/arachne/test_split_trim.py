@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import combinations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -113,6 +114,7 @@ def test_the_trim_never_lengthens_the_timeline_and_keeps_a_contiguous_split(S, L
     assert makespan(profiles, trimmed, m) >= brute_best(profiles, L, m) * (1 - 1e-9)
 
 
+@pytest.mark.slow
 def test_a_short_twelve_stage_pipeline_over_a10_and_a100_reaches_sailors_split():
     """Fresh hold-out seed91/rob-013 (LLaMA-2-13B, a batch of 16 sequences of 4,096 on 4 A10 and 10 A100 PCIe):
     Sailor's 12 one-stage-per-GPU-group pipeline with a light last stage; the planner priced that template with

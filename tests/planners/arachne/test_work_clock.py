@@ -97,6 +97,7 @@ def test_the_same_problem_gets_the_same_plan_on_a_slower_machine():
     assert 0.2 <= notes["work_s"] <= 0.3 * 1.5
 
 
+@pytest.mark.slow
 def test_the_wall_clock_is_still_available():
     plan, notes = plan_json(0.2, "wall")
     assert plan and notes["clock"] == "wall"
