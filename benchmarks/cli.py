@@ -101,7 +101,8 @@ def build() -> argparse.ArgumentParser:
                    help="replay results of an earlier commit (.json or .json.gz): the cases that moved, up and down")
     _out(p, R / "replay")
     p = _add(g, "grid", "benchmarks.replay:grid", "arachne vs the best baseline per grid case, and the ceiling")
-    p.add_argument("--grid", default="grid", help="a stored grid (name) or a grid result JSON (default: grid)")
+    p.add_argument("--grid", default=None,
+                   help="a stored grid (name) or a grid result JSON (default: the newest stored grid)")
     p.add_argument("--rerun-arachne", action="store_true", help="re-plan arachne's rows with the current code")
     p.add_argument("--budget", type=float, default=20.0, help="arachne's wall-clock cap when re-planning, s")
     _out(p, R / "replay")

@@ -244,6 +244,15 @@ def stored_names(pattern: str = "*") -> list[str]:
     return [e["name"] for e in read_manifest()["sweeps"] if fnmatchcase(e["name"], pattern)]
 
 
+def newest_stored(kind: str) -> str:
+    """The name of the last stored sweep of ``kind`` ("grid", "robustness"): the store is append-only, so the
+    manifest lists them in the order they were stored. Stops with one line when there is none."""
+    names = [e["name"] for e in read_manifest()["sweeps"] if e.get("kind") == kind]
+    if not names:
+        fail(f"{MANIFEST}: no stored {kind} sweep")
+    return names[-1]
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

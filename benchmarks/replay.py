@@ -178,7 +178,7 @@ def sweeps(a) -> None:
 
 def grid(a) -> None:
     """arachne's throughput over the best baseline's, per case of the planners grid, with the ceiling."""
-    (sweep,) = common.load_sweeps([a.grid], kind="grid")
+    (sweep,) = common.load_sweeps([a.grid or common.newest_stored("grid")], kind="grid")
     rows = [dict(r) for r in sweep.runs]
     by_name = {c.name: c for c in common.GRID_CASES}
     if a.rerun_arachne:  # re-plan arachne's rows with the current code; baselines' rows stay as measured

@@ -98,6 +98,21 @@ def test_store_is_append_only_and_report_writes_results_and_headlines(tmp_path):
     assert res.returncode == 2 and "sha256" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_replay_grid_reads_the_newest_stored_grid_unless_told(monkeypatch, capsys):
+    from benchmarks import common
+
+    entries = [{"name": "grid", "kind": "grid"}, {"name": "seed1", "kind": "robustness"},
+               {"name": "grid-b", "kind": "grid"}, {"name": "seed2", "kind": "robustness"}]
+    monkeypatch.setattr(common, "read_manifest", lambda: {"sweeps": entries})
+    assert common.newest_stored("grid") == "grid-b" and common.newest_stored("robustness") == "seed2"
+    monkeypatch.setattr(common, "read_manifest", lambda: {"sweeps": entries[1:2]})
+    with pytest.raises(SystemExit) as e:
+        common.newest_stored("grid")
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    help_text = bench("replay", "grid", "--help").stdout
+    assert "newest stored grid" in " ".join(help_text.split())
+
+
 @pytest.mark.slow
 def test_the_repository_stores_every_sweep_once_and_intact():
     res = bench("store", "verify")
