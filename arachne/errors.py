@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,15 @@ def parse_document(text: str, source: str = "", as_json: bool = False) -> Any:
     return data
 
 
+def _read_capped(p: Path) -> bytes:
+    """The file's first ``MAX_BYTES + 1`` bytes. Opened without blocking, so that a FIFO no process writes to
+    reads as empty instead of hanging the command; a pipe with a writer (``<(cmd)``) is read as usual."""
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
 def load_document(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping, or raise :class:`InputError` naming the file."""
     p = Path(path)
@@ -266,8 +276,7 @@ def load_document(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         raise InputError(str(p), "", "is a directory, expected a file")
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        raw = _read_capped(p)
         if len(raw) > MAX_BYTES:
             raise InputError(str(p), "", f"file larger than {MAX_BYTES // 2**20} MiB")
         text = raw.decode("utf-8-sig")

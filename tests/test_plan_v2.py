@@ -294,6 +294,8 @@ def test_cli_on_v2_plans(args, words):
     out = " ".join(result.output.split())
     assert words in out
     assert result.exit_code == (0 if args[0] == "validate-plan" else 2)
+    if result.exit_code == 2:  # the refusal alone: no notes on what an export that does not happen would change
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.mark.parametrize("top", [{"framework": "torch"}, {"framework": "megatron"}, {"grad_reduce_in_fp32": False},

@@ -14,11 +14,12 @@ from rich.console import Console
 from arachne.errors import InputError, NoFeasiblePlanError
 from arachne.spec.names import printable
 
-# Markup is off: names and messages from a user's file are printed as they are ("[/]x" stays "[/]x").
-# The width is rich's: COLUMNS when set, else the terminal's (of stdout, stderr or stdin), else 80; the
-# tables choose a layout that fits it (arachne.report.fit). Lines on stderr are never wrapped.
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+# Markup and emoji codes are off: names and messages from a user's file are printed as they are ("[/]x" stays
+# "[/]x", "a:b:c.yaml" stays "a:b:c.yaml"). The width is rich's: COLUMNS when set, else the terminal's (of stdout,
+# stderr or stdin), else 80; the tables choose a layout that fits it (arachne.report.fit). Lines on stderr are
+# never wrapped.
+console = Console(markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             from arachne.fileio import check_output
 
-            check_output(plot, {"--cluster": cluster, "--model": model, "--profiles": profiles}, field="--plot")
+            check_output(plot, {"--cluster": cluster, "--model": model, "--profiles": profiles,
+                                "--constraints": constraints}, field="--plot")
         if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
             raise InputError(str(plot), "--plot", "unsupported image format; use .png, .svg, .pdf or .jpg")
         cl = load_cluster(cluster)

@@ -68,14 +68,15 @@ def register(app: typer.Typer) -> None:
         from arachne.spec.model import load_model
 
         check_precision(precision, fp8=True)
+        reads = {"--cluster": cluster, "--model": model, "--profiles": profiles, "--constraints": constraints}
         if output is not None:
             from arachne.fileio import check_output
 
-            check_output(output, {"--cluster": cluster, "--model": model, "--profiles": profiles})
+            check_output(output, reads)
         if plot is not None:
             from arachne.cli.estimate_cmds import check_plot
 
-            check_plot(plot, {"--cluster": cluster, "--model": model, "--profiles": profiles}, output)
+            check_plot(plot, reads, output)
         cl = load_cluster(cluster)
         spec = load_model(model, "", "--model")
         job = Job(global_batch_size=global_batch_size, sequence_length=sequence_length, precision=precision)

@@ -11,6 +11,14 @@ from arachne.cli.common import console, err_console, handle_errors, work_progres
 from arachne.errors import InputError
 
 
+def _regular_file(path: Path, flag: str) -> None:
+    """An input archive must be a regular file: a FIFO would block ``np.load``, a directory is a mistake."""
+    if not path.exists():
+        raise InputError(str(path), flag, "file not found")
+    if not path.is_file():
+        raise InputError(str(path), flag, "not a regular file")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train-policy")
     @handle_errors
@@ -43,11 +51,9 @@ def register(app: typer.Typer) -> None:
         if data is not None:
             import json as _json
 
-            from arachne.errors import InputError
             from arachne.planners.arachne.train.pipeline import retrain
 
-            if not data.is_file():
-                raise InputError(str(data), "", "file not found")
+            _regular_file(data, "--data")
             prev = data.parent / "report.json"
             policy, info = retrain(data, cfg, out, _json.loads(prev.read_text()) if prev.is_file() else None)
         else:
@@ -123,6 +129,7 @@ def register(app: typer.Typer) -> None:
                        "--install" if install else "--add" if add else None)
         screened = None
         if pools is not None:
+            _regular_file(pools, "--pools")
             try:
                 screened = Pools.load(pools)
             except (OSError, ValueError, KeyError) as e:

@@ -74,8 +74,9 @@ def register(app: typer.Typer) -> None:
         else:  # a trace names catalog models only: it may not make arachne read other files
             spec = load_model(model_ref, trace, "job.model", allow_files=False)
         job = Job(global_batch_size=gbs, sequence_length=seq, precision=precision)
-        if (why := sequence_error(seq, spec)) is not None:
-            raise InputError("", "--sequence-length", why)
+        if (why := sequence_error(seq, spec)) is not None:  # blame the flag, or the trace that suggested it
+            raise InputError(*(("", "--sequence-length") if sequence_length else (str(trace), "job.sequence_length")),
+                             why)
         names = parse_planners(planners, spec)
         if planners is None:
             names = [n for n in names if n != "exhaustive"]

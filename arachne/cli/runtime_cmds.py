@@ -38,6 +38,7 @@ def _need_torch(command: str) -> None:
 # What each command writes inside its output directory (glob patterns), so that an input there is never
 # written over: arachne.runtime.checkpoint's layout, and export's files per format.
 CHECKPOINT_NAMES = ("latest", "latest.tmp", "step-*", ".tmp-step-*", ".staging-step-*", ".lock")
+MAX_THREADS = 1024  # profile --threads (far more makes OpenMP crash)
 EXPORT_NAMES = {"megatron": ("megatron_args.txt", "megatron.json"), "torchrun": ("rank_map.json", "launch_*.sh"),
                 "torchrun-elastic": ("elastic.json", "elastic_store.sh", "launch_*.sh")}
 
@@ -109,7 +110,8 @@ def register(app: typer.Typer) -> None:
         measure: bool = typer.Option(False, "--measure", help="report measured vs estimated iteration time"),
         profiles: Path | None = typer.Option(None, "--profiles", help="extra profile directory for --measure"),
         lr: float = typer.Option(1e-3, "--lr", help="learning rate"),
-        timeout: float = typer.Option(300.0, "--timeout", help="seconds a collective may wait before failing"),
+        timeout: float = typer.Option(300.0, "--timeout",
+                                      help="seconds a collective may wait before failing (at most a week)"),
         elastic: bool = typer.Option(False, "--elastic", help="elastic: each node a torch elastic agent; re-plan "
                                                                "when nodes leave or join (needs --simulate-devices)"),
         min_nodes: int = typer.Option(1, "--min-nodes", min=1, help="--elastic: fewest nodes to run with"),
@@ -201,7 +203,7 @@ def register(app: typer.Typer) -> None:
         gpu: str | None = typer.Option(None, "--gpu", help="GPU type name to file the profile under"),
         blocks: int = typer.Option(2, "--blocks", min=1, help="blocks of each kind to measure (rest copied)"),
         repeats: int = typer.Option(3, "--repeats", min=1, help="timed repetitions (median)"),
-        threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for compute"),
+        threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for compute (1 to 1024)"),
         num_layers: int | None = typer.Option(None, "--num-layers", min=1, help="override (a quick profile)"),
         hidden_size: int | None = typer.Option(None, "--hidden-size", min=1, help="override"),
         ffn_hidden_size: int | None = typer.Option(None, "--ffn-hidden-size", min=1, help="override"),
@@ -218,6 +220,8 @@ def register(app: typer.Typer) -> None:
         from arachne.spec.job import check_precision, sequence_error
         from arachne.spec.model import load_model, model_from_dict
 
+        if threads is not None and not 1 <= threads <= MAX_THREADS:
+            raise InputError("", "--threads", f"expected 1 to {MAX_THREADS} CPU threads, got {threads}")
         check_output(out, {"--model": model}, kind="dir", names=[PROFILE_FILE_GLOB])
         check_precision(precision)
         if gpu is not None:  # the profile is filed under a GPU type the planner knows (or CPU)
@@ -349,10 +353,9 @@ def register(app: typer.Typer) -> None:
         cl = load_cluster(cluster)
         pl = load_plan(plan)
         model = validate_plan(pl, cl, source=str(plan))
+        notes: list[str] = []
         if fmt == "torchrun":  # launches arachne's own runtime: the same-math equivalents, as `arachne run`
             pl, notes = same_math_plan(pl)
-            for note in notes:
-                err_console.print(f"note: {plan}: {note}", markup=False, highlight=False)
             refuse_v2(pl, model, str(plan), "export")  # what arachne's runtime does not run yet
         else:  # Megatron-LM's flags say the plan's v2 settings (megatron_export lists what they cannot)
             refuse_v2_model(model, str(plan), "export")
@@ -363,6 +366,8 @@ def register(app: typer.Typer) -> None:
             fail(f"{plan}: Megatron-LM cannot express this plan: {'; '.join(mx.reasons)}", 2)
         if (why := runtime_refusal(pl, cl, fmt)) is not None:  # the rules `plan --runtime` plans under
             raise InputError(str(plan), why[0], why[1])
+        for note in notes:  # what the export changes, once it is sure to export (a refusal stays one line)
+            err_console.print(f"note: {plan}: {note}", markup=False, highlight=False)
         if mx is not None:
             if out is None:
                 print(shlex.join(mx.args))
@@ -410,14 +415,16 @@ def register(app: typer.Typer) -> None:
         local_addr: str | None = typer.Option(None, "--local-addr", help="the address other nodes reach this one at "
                                                                          "(default: its host name)"),
         connect_timeout: float = typer.Option(600.0, "--connect-timeout", min=1,
-                                              help="seconds to wait for the store host"),
+                                              help="seconds to wait for the store host (at most a week)"),
     ) -> None:
         """Run one node's torch elastic agent for `arachne run --elastic --store` (the launch_NODE.sh that
         `arachne export --format torchrun --elastic` writes)."""
         from arachne.runtime.elastic_export import check_host, parse_store
+        from arachne.runtime.flags import check_timeout
         from arachne.spec.names import check_name
 
         parse_store(store)
+        check_timeout(connect_timeout, "--connect-timeout")
         check_name(node, field="--node")
         if local_addr is not None:
             check_host(local_addr, field="--local-addr")

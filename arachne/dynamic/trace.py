@@ -33,6 +33,7 @@ from arachne.spec.names import DisplayName
 
 TRACE_FORMAT = "arachne-trace/1"
 MAX_EVENTS = 1_000  # each event re-plans with every planner: more is hours of planning
+MAX_SAILOR_GPUS = 100_000  # a Sailor trace's GPUs of one kind at one time (a spot VM is a node: as a cluster's count)
 SAILOR_NAMES = ("sailor:spot", "sailor:grow")
 
 
@@ -334,14 +335,20 @@ def _sailor_file(data: Any, source: str, seed: int) -> Trace | None:
     try:
         if isinstance(data, dict) and "points" in data and "rows" not in data:
             pts = [[float(t), int(n)] for t, n in data["points"]]
-            if not pts or any(n < 0 for _, n in pts):
-                raise ValueError("points must be [time_s, GPUs >= 0] pairs")
+            if not pts or any(not 0 <= n <= MAX_SAILOR_GPUS for _, n in pts):
+                raise ValueError(f"points must be [time_s, GPUs] pairs with 0 to {MAX_SAILOR_GPUS:,} GPUs")
+            if len(pts) > MAX_EVENTS + 1:
+                raise ValueError(f"more than {MAX_EVENTS + 1:,} points")
             return sailor_spot(pts, seed, source)
         if isinstance(data, dict) and "rows" in data and "points" not in data:
             rows = [{"timestamp": float(r["timestamp"]), "gpus": {str(k): int(v) for k, v in r["gpus"].items()}}
                     for r in data["rows"]]
             if not rows:
                 raise ValueError("rows is empty")
+            if len(rows) > MAX_EVENTS + 1:
+                raise ValueError(f"more than {MAX_EVENTS + 1:,} rows")
+            if any(not 0 <= n <= MAX_SAILOR_GPUS for r in rows for n in r["gpus"].values()):
+                raise ValueError(f"gpus counts must be 0 to {MAX_SAILOR_GPUS:,}")
             return sailor_grow(rows, source)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise InputError(source, "points" if "points" in data else "rows", f"not a Sailor trace ({e})") from None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,18 +33,25 @@ from arachne.errors import InputError, from_validation_error, load_document
 from arachne.spec.gpus import GPUCatalog, gpu_catalog, normalize_name
 
 PROFILE_FORMAT = "arachne-profile/1"
+MAX_SECONDS = 1e4
+"""The longest time a profile may give one pass of one micro-batch (s): a longer one is a unit mistake, and
+its products overflow the pricing."""
+MIN_BLOCK_SECONDS = 1e-9
+"""The shortest time of a block's pass (s): stage speeds are blocks over time, so a block needs a time."""
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+BlockSeconds = Annotated[float, Field(ge=MIN_BLOCK_SECONDS, le=MAX_SECONDS)]
 
 
 class PassTimes(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    fwd_s: float = Field(ge=0)
-    bwd_s: float = Field(ge=0)
+    fwd_s: Seconds
+    bwd_s: Seconds
 
 
 class BlockTimes(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    fwd_s: tuple[float, ...]
-    bwd_s: tuple[float, ...]
+    fwd_s: tuple[BlockSeconds, ...]
+    bwd_s: tuple[BlockSeconds, ...]
 
 
 class MemoryProfile(BaseModel):
@@ -61,7 +68,7 @@ class ProfileEntry(BaseModel):
     embedding: PassTimes
     blocks: BlockTimes
     head: PassTimes
-    optimizer_s: float | None = Field(default=None, ge=0)
+    optimizer_s: Seconds | None = None
     memory: MemoryProfile | None = None
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from arachne.errors import InputError, load_document
 from arachne.profiles.format import (
+    MAX_SECONDS,
+    MIN_BLOCK_SECONDS,
     BlockTimes,
     MemoryProfile,
     PassTimes,
@@ -107,9 +109,13 @@ def _entry(spec: ModelSpec, mbs: int, tp: int, rec: Any, act: list[float] | None
     if len(fwd) != len(bwd) or len(fwd) not in (L + 2, L + 3):
         return (f"fwd_s/bwd_s have {len(fwd)}/{len(bwd)} values, expected {L + 2} or {L + 3} "
                 f"(embedding, {spec.name}'s {L} blocks, output layers)")
+    if not all(MIN_BLOCK_SECONDS <= t <= MAX_SECONDS for t in fwd[1:L + 1] + bwd[1:L + 1]):
+        return f"block times must be {MIN_BLOCK_SECONDS:g} to {MAX_SECONDS:g} s"
+    if sum(fwd[L + 1:]) > MAX_SECONDS or sum(bwd[L + 1:]) > MAX_SECONDS or max(fwd[0], bwd[0]) > MAX_SECONDS:
+        return f"times must be at most {MAX_SECONDS:g} s"
     update = rec.get("update_s")
-    if update is not None and _times([update]) is None:
-        return "update_s must be a time >= 0"
+    if update is not None and (_times([update]) is None or update > MAX_SECONDS):
+        return f"update_s must be a time from 0 to {MAX_SECONDS:g} s"
     memory = None
     if act is not None and len(act) == len(fwd):
         act = [x * mbs for x in act]

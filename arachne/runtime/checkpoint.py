@@ -30,7 +30,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,16 +40,31 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from arachne.errors import InputError
+from arachne.errors import InputError, load_document
 from arachne.runtime.layout import checkpoint_file, name_order
 
 CHECKPOINT_FORMAT = "arachne-checkpoint/1"
 STATE_KEYS = ("param", "exp_avg", "exp_avg_sq")
 KEEP = 2
+STEP_NAME = re.compile(r"step-[0-9]{6,}")  # what step_dir names (the only directories a run reads or removes)
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
+
+
+def step_number(name: str) -> int | None:
+    """The step of a step directory's name as :func:`step_dir` writes it (``step-000012``), else None."""
+    if not STEP_NAME.fullmatch(name):
+        return None
+    step = int(name[5:])
+    return step if name == f"step-{step:06d}" else None
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """The step directories in ``root`` (real directories named as :func:`step_dir` does), oldest first."""
+    found = [p for p in root.iterdir() if step_number(p.name) is not None and p.is_dir() and not p.is_symlink()]
+    return sorted(found, key=lambda p: step_number(p.name) or 0)
 
 
 def tmp_dir(root: Path, step: int) -> Path:
@@ -104,7 +121,7 @@ def assemble(root: Path, step: int, shapes: dict[str, tuple[int, ...]], meta: di
     latest_tmp.replace(root / "latest")
     _sync_dir(root)
     shutil.rmtree(src, ignore_errors=True)
-    older = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name < out.name)
+    older = [p for p in step_dirs(root) if (step_number(p.name) or 0) < step]  # never another name
     for old in older[:max(0, len(older) - (KEEP - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return out
@@ -208,22 +225,117 @@ def locked(root: Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         clear_partial(root)
+        check_resumable(root)
         yield
     finally:
         os.close(fd)
 
 
+LATEST_MAX_BYTES = 256
+
+
 def latest(root: Path) -> Path | None:
-    """The newest complete step directory, or None."""
+    """The newest complete step directory, or None when ``root/latest`` does not exist.
+
+    ``latest`` must be a regular file naming a step directory (``step-`` and digits) that exists directly in
+    ``root`` and holds meta.json; anything else is an :class:`InputError` naming ``latest`` (never followed
+    as a path, never taken for "no checkpoint", which would start again over the step directories).
+    """
     ptr = root / "latest"
-    if not ptr.is_file():
+    try:
+        mode = os.lstat(ptr).st_mode
+    except FileNotFoundError:
         return None
-    d = root / ptr.read_text().strip()
-    return d if (d / "meta.json").is_file() else None
+    except OSError as exc:
+        raise InputError(str(ptr), "", f"cannot read ({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(str(ptr), "", "not a regular file (expected the name of a step directory, e.g. "
+                                       "step-000002)")
+    try:
+        with open(ptr, "rb") as fh:
+            raw = fh.read(LATEST_MAX_BYTES + 1)
+        name = raw.decode("ascii", "replace").strip()
+    except OSError as exc:
+        raise InputError(str(ptr), "", f"cannot read ({exc.strerror or type(exc).__name__})") from None
+    if len(raw) > LATEST_MAX_BYTES or step_number(name) is None:
+        shown = name if len(name) <= 40 else name[:40] + "..."
+        raise InputError(str(ptr), "", f"expected the name of a step directory (step- and 6 or more digits, "
+                                       f"e.g. step-000002), got {shown!r}")
+    d = root / name
+    if not d.is_dir() or d.is_symlink():
+        raise InputError(str(ptr), "", f"names {name}, which is not a step directory in {root}; write the name "
+                                       "of an existing step-* directory into it, or choose another --checkpoint-dir")
+    if not (d / "meta.json").is_file():
+        raise InputError(str(ptr), "", f"names {name}, which has no meta.json (an incomplete step directory)")
+    return d
 
 
-def read_meta(step_path: Path) -> dict[str, Any]:
-    return json.loads((step_path / "meta.json").read_text())
+def check_resumable(root: Path) -> None:
+    """Refuse (:class:`InputError`) a checkpoint directory a run could not safely resume from or start in:
+    a bad ``latest``, meta.json or tensor file, or step directories without ``latest`` (a new run would
+    replace them: a run stopped between publishing its first step and writing ``latest`` leaves that too,
+    and its step directory is complete, so naming it in ``latest`` resumes from it).
+    Called by :func:`locked`, so by every run before it reads or writes ``root``."""
+    found = latest(root)
+    if found is not None:
+        from arachne.spec.model import model_from_dict
+
+        layers = model_from_dict(read_meta(found, RESUME_FIELDS)["model"]).num_layers
+        for name in ["embed", *(f"layers.{i}" for i in range(layers)), "head"]:
+            f = found / checkpoint_file(name)
+            if f.exists():  # (one that is missing: its tensors start from the seed, as CheckpointReader has it)
+                load_tensors(f)  # memory-mapped: the structure is read, not the tensors
+        return
+    steps = step_dirs(root)
+    if steps:
+        names = ", ".join(p.name for p in steps[-3:])
+        raise InputError(str(root / "latest"), "", f"missing, but {root} holds step directories ({names}); a "
+                                                    f"new run would write over them: write the name of the step to "
+                                                    f"resume from into it (the newest is {steps[-1].name}), or "
+                                                    "choose another --checkpoint-dir")
+
+
+RESUME_FIELDS = ("format", "step", "samples", "seed", "model")  # what a run resuming reads (every save writes them)
+
+
+def _int_field(doc: dict[str, Any], key: str, source: str, low: int | None = 0) -> None:
+    value = doc[key]
+    if type(value) is not int or (low is not None and value < low):
+        raise InputError(source, key, f"expected an integer{'' if low is None else f' of {low} or more'}, "
+                                      f"got {value!r}")
+
+
+def read_meta(step_path: Path, required: tuple[str, ...] = ("step",)) -> dict[str, Any]:
+    """The checked meta.json of a step directory: ``required`` fields present, every known field of the right
+    kind (an :class:`InputError` naming the file and the field otherwise)."""
+    from arachne.spec.model import model_from_dict
+
+    path = step_path / "meta.json"
+    source = str(path)
+    doc = load_document(path)  # missing, unreadable, not JSON, not a mapping: one line naming the file
+    for key in required:
+        if key not in doc:
+            raise InputError(source, key, "required field is missing")
+    if "format" in doc and doc["format"] != CHECKPOINT_FORMAT:
+        raise InputError(source, "format", f"expected {CHECKPOINT_FORMAT!r}, got {doc['format']!r}")
+    for key, low in (("step", 0), ("samples", 0), ("seed", None)):
+        if key in doc:
+            _int_field(doc, key, source, low)
+    if "step" in doc and (named := step_number(step_path.name)) is not None and doc["step"] != named:
+        raise InputError(source, "step", f"is {doc['step']}, but the directory is {step_path.name}")
+    if "model" in doc:
+        if not isinstance(doc["model"], dict):
+            raise InputError(source, "model", "expected a mapping (the model document)")
+        model_from_dict(doc["model"], source, "model")
+    losses = doc.get("losses", [])
+    if not isinstance(losses, list):
+        raise InputError(source, "losses", "expected a list of numbers")
+    for i, x in enumerate(losses):
+        if type(x) not in (int, float):
+            raise InputError(source, f"losses[{i}]", f"expected a number, got {x!r}")
+    if "save_id" in doc and not isinstance(doc["save_id"], str):
+        raise InputError(source, "save_id", "expected a string")
+    return doc
 
 
 class CheckpointReader:
@@ -237,7 +349,7 @@ class CheckpointReader:
         f = checkpoint_file(name)
         if f not in self._files:
             p = self.path / f
-            self._files[f] = torch.load(p, map_location="cpu", weights_only=True, mmap=True) if p.exists() else {}
+            self._files[f] = load_tensors(p) if p.exists() else {}
         return self._files[f]
 
     def get(self, name: str, key: str = "param") -> Tensor | None:
@@ -248,7 +360,22 @@ class CheckpointReader:
         """Every canonical tensor of the checkpoint (for tests and tools)."""
         out: dict[str, Tensor] = {}
         for p in sorted(self.path.glob("*.pt")):
-            for name, entry in torch.load(p, map_location="cpu", weights_only=True).items():
+            for name, entry in load_tensors(p, mmap=False).items():
                 if key in entry:
                     out[name] = entry[key]
         return out
+
+
+def load_tensors(path: Path, mmap: bool = True) -> dict[str, dict[str, Tensor]]:
+    """A per-layer checkpoint file, ``{name: {key: tensor}}``, or an :class:`InputError` naming it."""
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # noqa: BLE001 - truncated, not torch's format, or unsafe to unpickle
+        raise InputError(str(path), "", f"cannot load: damaged, truncated or not a checkpoint file written by "
+                                        f"arachne ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise InputError(str(path), "", f"expected a mapping of tensor names, got {type(doc).__name__}")
+    for name, entry in doc.items():
+        if not isinstance(entry, dict) or not all(isinstance(t, Tensor) for t in entry.values()):
+            raise InputError(str(path), str(name), "expected a mapping of state names to tensors")
+    return doc

@@ -9,11 +9,16 @@ import math
 
 from arachne.errors import InputError
 
+MAX_TIMEOUT_S = 7 * 24 * 3600
+"""The longest wait a timeout flag may ask for: one week (far beyond it torch's timeouts overflow)."""
+
 
 def check_timeout(value: float, flag: str = "--timeout") -> float:
-    """Seconds a collective may wait: a finite number above 0."""
+    """Seconds a collective (or a connection) may wait: a finite number above 0, at most a week."""
     if not (math.isfinite(value) and value > 0):
         raise InputError("", flag, f"expected a positive number of seconds, got {value}")
+    if value > MAX_TIMEOUT_S:
+        raise InputError("", flag, f"expected at most {MAX_TIMEOUT_S} seconds (one week), got {value:g}")
     return value
 
 

@@ -11,7 +11,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arachne.errors import InputError, from_validation_error, load_document
-from arachne.spec.gpus import GB, CustomGPUType, GPUCatalog, GPUType, gpu_catalog, normalize_name
+from arachne.spec.gpus import (
+    GB,
+    CustomGPUType,
+    Gbps,
+    GPUCatalog,
+    GPUType,
+    PricePerHour,
+    gpu_catalog,
+    normalize_name,
+)
 from arachne.spec.names import DisplayName, check_name
 
 
@@ -24,10 +33,10 @@ class NodeGroupSpec(BaseModel):
     count: int = Field(default=1, ge=1, le=100_000, strict=True)
     gpu: str = Field(min_length=1)
     gpus_per_node: int | None = Field(default=None, ge=1, le=128, strict=True)  # one NVLink domain (GB200 NVL72: 72)
-    inter_node_gbps: float | None = Field(default=None, gt=0)
-    intra_node_gbps: float | None = Field(default=None, gt=0)
+    inter_node_gbps: Gbps | None = None
+    intra_node_gbps: Gbps | None = None
     zone: str | None = None
-    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    price_per_gpu_hour: PricePerHour | None = None
     """Formats v2: USD per GPU-hour of these nodes (overrides the GPU type's price)."""
     network: Literal["infiniband", "roce", "efa", "ethernet"] | None = None
     """Formats v2: the fabric of ``inter_node_gbps`` (the share of its line rate NCCL reaches depends on it);
@@ -37,7 +46,7 @@ class NodeGroupSpec(BaseModel):
 class ClusterGPUType(CustomGPUType):
     """An entry of ``gpu_types``: a custom GPU type, plus (formats v2) its price."""
 
-    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    price_per_gpu_hour: PricePerHour | None = None
     """USD per GPU-hour of nodes of this type that set no price of their own."""
 
     def to_gpu_type(self) -> GPUType:
@@ -168,6 +177,10 @@ def build_cluster(spec: ClusterSpec, source: str = "") -> Cluster:
     total = sum(g.count * (g.gpus_per_node or 8) for g in spec.nodes)
     if total > 1_000_000:
         raise InputError(source, "nodes", f"{total} GPUs is more than arachne plans for (1,000,000)")
+    seen_types: dict[str, int] = {}
+    for ti, g in enumerate(spec.gpu_types):  # two entries of one name: which one the nodes meant is a guess
+        if (first := seen_types.setdefault(normalize_name(g.name), ti)) != ti:
+            raise InputError(source, f"gpu_types[{ti}].name", f"{g.name!r} is declared twice (also gpu_types[{first}])")
     catalog = gpu_catalog().with_types([g.to_gpu_type() for g in spec.gpu_types])
     nodes: list[Node] = []
     seen: set[str] = set()

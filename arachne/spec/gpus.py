@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from importlib import resources
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,6 +15,18 @@ from arachne.spec.names import SafeName
 GB = 1e9
 GIB = 2.0**30
 TFLOPS = 1e12
+
+# The ranges a device's figures may take, in the catalog's units: far wider than any accelerator on either side,
+# and narrow enough that the cost model's products stay finite and the search's step counts bounded (a rate of
+# 1e-300 kept the batch split looping; 1e308 overflowed).
+Tflops = Annotated[float, Field(ge=1e-3, le=1e5)]
+"""Tensor throughput, TFLOPS: 1 GFLOP/s to 100 PFLOP/s."""
+Gbps = Annotated[float, Field(ge=1e-3, le=1e5)]
+"""A bandwidth, GB/s: 1 MB/s to 100 TB/s."""
+MemoryGB = Annotated[float, Field(ge=0.01, le=1e5)]
+"""Device memory, GiB (as vendors quote it): 10 MiB to about 100 TiB."""
+PricePerHour = Annotated[float, Field(ge=0, le=1e4)]
+"""USD per GPU-hour: 0 to 10,000."""
 
 
 def normalize_name(name: str) -> str:
@@ -31,24 +43,24 @@ class GPUType(BaseModel):
     aliases: tuple[str, ...] = ()
     vendor: str = "unknown"
     generation: str = "unknown"
-    memory_gb: float = Field(gt=0)
-    peak_tflops: float = Field(gt=0, description="dense bf16/fp16 tensor throughput")
+    memory_gb: MemoryGB
+    peak_tflops: Tflops = Field(description="dense bf16/fp16 tensor throughput")
     bf16: bool = True
-    fp32_tflops: float | None = Field(default=None, gt=0)
-    tf32_tflops: float | None = Field(default=None, gt=0)
+    fp32_tflops: Tflops | None = None
+    tf32_tflops: Tflops | None = None
     # Dense FP8 tensor throughput (E4M3/E5M2 inputs, no sparsity), TFLOPS; None where the GPU has no FP8
     # tensor cores (Ampere and older, CDNA2). Plans with precision fp8 are only valid where this is set.
-    fp8_tflops: float | None = Field(default=None, gt=0, description="dense FP8 tensor throughput; None: no FP8")
-    memory_bandwidth_gbps: float = Field(gt=0)
-    intra_node_gbps: float = Field(gt=0, description="per-GPU bandwidth to node peers, bidirectional")
+    fp8_tflops: Tflops | None = Field(default=None, description="dense FP8 tensor throughput; None: no FP8")
+    memory_bandwidth_gbps: Gbps
+    intra_node_gbps: Gbps = Field(description="per-GPU bandwidth to node peers, bidirectional")
     intra_node_link: Literal["nvlink", "pcie", "xgmi", "other"] = "other"
     gpus_per_node: int = Field(default=8, ge=1)
-    inter_node_gbps: float = Field(gt=0, description="per-node network bandwidth")
+    inter_node_gbps: Gbps = Field(description="per-node network bandwidth")
     nics_per_node: int = Field(default=1, ge=1)
-    measured_collective_gbps: float | None = Field(default=None, gt=0)
+    measured_collective_gbps: Gbps | None = None
     source: str = ""
     uncertain: tuple[str, ...] = ()
-    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    price_per_gpu_hour: PricePerHour | None = None
     """Formats v2 section 8: the catalog's default USD per GPU-hour (an on-demand list price, see
     ``price_source``), used where a cluster gives no price; None: the catalog has none for this type."""
     price_source: str = ""
@@ -111,14 +123,14 @@ class CustomGPUType(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: SafeName
-    memory_gb: float = Field(gt=0)
-    peak_tflops: float = Field(gt=0)
-    memory_bandwidth_gbps: float = Field(gt=0)
-    intra_node_gbps: float = Field(gt=0)
-    inter_node_gbps: float = Field(gt=0)
-    fp32_tflops: float | None = Field(default=None, gt=0)
-    tf32_tflops: float | None = Field(default=None, gt=0)
-    fp8_tflops: float | None = Field(default=None, gt=0)  # dense FP8 rate; None: the type has no FP8
+    memory_gb: MemoryGB
+    peak_tflops: Tflops
+    memory_bandwidth_gbps: Gbps
+    intra_node_gbps: Gbps
+    inter_node_gbps: Gbps
+    fp32_tflops: Tflops | None = None
+    tf32_tflops: Tflops | None = None
+    fp8_tflops: Tflops | None = None  # dense FP8 rate; None: the type has no FP8
     bf16: bool = True
     gpus_per_node: int = Field(default=8, ge=1)
     nics_per_node: int = Field(default=1, ge=1)

@@ -4,6 +4,7 @@ traceback and nothing written (issue 25, items 8 and 11, and the property test t
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,26 @@ def test_the_base_documents_are_valid(tmp_path):
     for cmd in ("validate-plan", "estimate", "profiles list", "import-sailor"):
         res = invoke(*COMMANDS[cmd](f))
         assert res.exit_code == 0 and "error" not in res.stderr, (cmd, res.output)
+
+
+# Figures out of range: a rate of 1e-300 kept the batch split looping past --time-budget, 1e308 overflowed, a block
+# time of 0 or less broke the compute ceiling's linear programme, 1e308 seconds its bounds.
+OUT_OF_RANGE = [
+    ("cluster", ("gpu_types", 0, "peak_tflops"), 1e-300), ("cluster", ("gpu_types", 0, "peak_tflops"), 1e308),
+    ("cluster", ("gpu_types", 0, "memory_bandwidth_gbps"), 1e-300), ("cluster", ("gpu_types", 0, "memory_gb"), 1e12),
+    ("cluster", ("gpu_types", 0, "intra_node_gbps"), 5e-324), ("cluster", ("nodes", 0, "intra_node_gbps"), 1e-300),
+    ("cluster", ("nodes", 0, "inter_node_gbps"), 1e300), ("cluster", ("nodes", 1, "price_per_gpu_hour"), 1e308),
+    ("profile", ("entries", 0, "blocks", "fwd_s", 0), 0.0), ("profile", ("entries", 0, "blocks", "bwd_s", 2), -1e-4),
+    ("profile", ("entries", 0, "blocks", "fwd_s", 1), 5e-324), ("profile", ("entries", 0, "head", "fwd_s"), 1e308),
+    ("profile", ("entries", 0, "embedding", "bwd_s"), -1.0),
+]
+
+
+@pytest.mark.parametrize("slot,path,value", OUT_OF_RANGE)
+def test_a_figure_out_of_its_range_is_refused_naming_it(tmp_path, slot, path, value):
+    f = inputs(tmp_path, **{slot: replaced(BASE[slot], path, value), f"{slot}_name": f"hostile.{slot}.json"})
+    line = one_error_line(invoke(*COMMANDS["estimate"](f)))
+    assert "hostile" in line and [k for k in path if isinstance(k, str)][-1] in line, line
 
 
 # ---- item 8: one line, exit 2, for each reader -----------------------------------------------------------------------
@@ -390,3 +411,39 @@ def test_a_plan_with_a_batch_past_the_bound_is_refused_before_planning(tmp_path,
     res = invoke(*COMMANDS["replan"](f))
     line = one_error_line(res)
     assert "hostile" in line and "global_batch_size" in line, line
+
+
+def test_emoji_codes_in_a_name_are_printed_as_written(tmp_path):
+    """rich turned ``a:b:c.yaml`` into ``a🅱c.yaml`` and ``:fire:`` into 🔥 in error lines."""
+    line = one_error_line(invoke("validate-plan", "-c", tmp_path / "a:b:c.yaml", "-p", tmp_path / "p.json"))
+    assert "a:b:c.yaml" in line, line
+    line = one_error_line(invoke("plan", "-c", inputs(tmp_path)["cluster"], "-m", ":fire:", "-b", 8, "-s", 128))
+    assert ":fire:" in line, line
+
+
+@pytest.mark.parametrize("cmd,flag", [("plan", "-o"), ("plan", "--plot"), ("compare", "--plot")])
+def test_an_output_over_the_constraints_file_is_refused(tmp_path, cmd, flag):
+    f = inputs(tmp_path)
+    cons = write(tmp_path / "limits.yaml", {"max_tp": 2})
+    before = cons.read_bytes()
+    args = [cmd, "-c", f["cluster"], "-m", f["model"], "-b", 8, "-s", 128, "--time-budget", 1,
+            "--constraints", cons, flag, cons] + (["--planners", "megatron"] if cmd == "compare" else [])
+    line = one_error_line(invoke(*args))
+    assert "--constraints" in line and flag in line, line
+    assert cons.read_bytes() == before
+
+
+def test_a_fifo_nobody_writes_to_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO without a writer blocked every reader for ever; a pipe with a writer still reads."""
+    f = inputs(tmp_path)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    assert "fifo.yaml" in one_error_line(invoke("validate-plan", "-c", fifo, "-p", f["plan"]))
+    assert "fifo.yaml" in one_error_line(invoke("plan", "-c", f["cluster"], "-m", f["model"], "-b", 8, "-s", 128,
+                                                "--constraints", fifo))
+    npz = tmp_path / "data.npz"
+    os.mkfifo(npz)
+    line = one_error_line(invoke("train-policy", "--data", npz, "-o", tmp_path / "o"))
+    assert "--data" in line and "not a regular file" in line, line
+    line = one_error_line(invoke("train-ranker", "--pools", npz, "-o", tmp_path / "o"))
+    assert "--pools" in line and "not a regular file" in line, line

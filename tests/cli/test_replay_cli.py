@@ -55,6 +55,25 @@ def test_replay_json_is_one_object_and_flags_override_the_trace_job(tiny: Path):
     assert doc["global_batch_size"] == 64 and doc["model"] == "OPT-350M" and len(doc["planners"]) == 1
 
 
+def test_a_sequence_too_long_is_blamed_on_where_it_came_from(tmp_path: Path):
+    long = tmp_path / "long.yaml"
+    long.write_text(yaml.safe_dump({**TINY, "job": {**TINY["job"], "sequence_length": 4096}}))
+    line = one_error_line(invoke("replay", "--trace", long, "--planners", "megatron"))
+    assert "long.yaml: job.sequence_length: 4096 tokens exceed" in line, line
+    line = one_error_line(invoke("replay", "--trace", long, "--planners", "megatron", "-s", 9999))
+    assert line.startswith("error: --sequence-length: 9999 tokens exceed"), line
+
+
+def test_sailor_traces_are_bounded(tmp_path: Path):
+    """A point of 10^9 GPUs held 16 GB within a minute; a negative count crashed the rows form."""
+    for name, doc in (("pts.json", {"points": [[0, 4], [10, 10**9]]}),
+                      ("rows.json", {"rows": [{"timestamp": 0, "gpus": {"A100-40_z": -2}}]})):
+        (tmp_path / name).write_text(json.dumps(doc))
+        line = one_error_line(invoke("replay", "--trace", tmp_path / name, "-m", "GPT-3-1.3B", "-b", 32, "-s", 2048,
+                                     "--planners", "megatron"))
+        assert name in line and "100,000" in line, line
+
+
 def test_bad_replay_input_is_one_line(tiny: Path, tmp_path: Path):
     assert "nope.yaml" in one_error_line(invoke("replay", "--trace", tmp_path / "nope.yaml"))
     assert "sailor:nope" in one_error_line(invoke("replay", "--trace", "sailor:nope"))

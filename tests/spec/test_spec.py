@@ -510,3 +510,13 @@ def test_top_level_non_string_key_is_an_input_error(write_doc):
     path = write_doc("c.yaml", "name: c\n1: oops\nnodes:\n  - {name: a, gpu: T4}\n")
     with pytest.raises(InputError):
         load_cluster(path)
+
+
+def test_a_gpu_type_declared_twice_is_refused_naming_the_second():
+    lab = {"name": "Lab-GPU", "memory_gb": 24, "peak_tflops": 100, "memory_bandwidth_gbps": 900,
+           "intra_node_gbps": 64, "inter_node_gbps": 25}
+    doc = {"name": "c", "nodes": [{"name": "n", "gpu": "Lab-GPU", "gpus_per_node": 2}],
+           "gpu_types": [lab, {**lab, "name": "lab_gpu", "peak_tflops": 50}]}
+    with pytest.raises(InputError, match=r"gpu_types\[1\]\.name: 'lab_gpu' is declared twice"):
+        cluster_from_dict(doc, "c.yaml")
+    assert cluster_from_dict({**doc, "gpu_types": [lab]}, "c.yaml").num_gpus == 2

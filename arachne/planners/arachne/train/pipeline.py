@@ -150,8 +150,8 @@ def load_records(path: Path) -> tuple[list[Record], list[Record]]:
                 x, v, n = z[f"{name}_x"], z[f"{name}_v"], z[f"{name}_n"]
                 edges = np.concatenate([[0], np.cumsum(n)])
                 out.append([Record(x[a:b], v[a:b]) for a, b in zip(edges, edges[1:])])
-    except (OSError, ValueError, KeyError) as e:
-        raise InputError(str(path), "data", f"not a data.npz written by train-policy ({e})") from None
+    except (OSError, ValueError, KeyError, EOFError) as e:
+        raise InputError(str(path), "--data", f"not a data.npz written by train-policy ({e})") from None
     return out[0], out[1]
 
 
