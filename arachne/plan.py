@@ -7,9 +7,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from arachne.errors import InputError, from_validation_error, load_document
 from arachne.spec.cluster import Cluster
@@ -22,8 +31,9 @@ PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_V2)
 PlanPrecision = Literal["bf16", "fp16", "fp32", "fp8"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts"]
 """Megatron-Core's ``--recompute-modules`` names (formats section 4.3, ``recompute_modules``)."""
-_RANGE = TypeAdapter(tuple[int, int])
-_RANGES = TypeAdapter(tuple[tuple[int, int], ...])
+_BLOCK = Annotated[int, Strict()]  # "17" and true are not block indices
+_RANGE = TypeAdapter(tuple[_BLOCK, _BLOCK])
+_RANGES = TypeAdapter(tuple[tuple[_BLOCK, _BLOCK], ...])
 
 
 class _V1Dump(BaseModel):
@@ -51,24 +61,24 @@ class Stage(_V1Dump):
     """``[start, end)``; with ``virtual_stages > 1`` a list of such ranges, one per chunk, in model order."""
     devices: tuple[str, ...] = Field(min_length=1)
     """``dp`` groups of ``cp * tp`` devices, tp fastest, then cp."""
-    tp: int = Field(default=1, ge=1)
+    tp: int = Field(strict=True, default=1, ge=1)
     """Tensor-parallel degree."""
-    dp: int | None = Field(default=None, ge=1)
+    dp: int | None = Field(strict=True, default=None, ge=1)
     """Stage data parallelism (default ``len(devices) / (cp * tp)``): each micro-batch is split dp ways."""
-    ep: int = Field(default=1, ge=1)
+    ep: int = Field(strict=True, default=1, ge=1)
     """Expert-parallel degree of the stage's MoE blocks."""
     recompute: bool | Literal["selective"] = False
     """``False`` (``"none"``), ``True`` (``"full"``: every block, or the first ``recompute_layers``) or
     ``"selective"`` (the attention core only)."""
-    allow_cross_node_tp: bool = False
+    allow_cross_node_tp: bool = Field(default=False, strict=True)
     """Allow a tensor-parallel group to span nodes."""
-    cp: int = Field(default=1, ge=1)
+    cp: int = Field(strict=True, default=1, ge=1)
     """v2: context-parallel degree (each sequence split over cp ranks in load-balanced halves)."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool = Field(default=False, strict=True)
     """v2: Megatron sequence parallelism inside the tp group (needs ``tp > 1``)."""
-    recompute_layers: int | None = Field(default=None, ge=1)
+    recompute_layers: int | None = Field(strict=True, default=None, ge=1)
     """v2, with ``recompute: "full"``: only the stage's first k blocks are recomputed."""
-    etp: int | None = Field(default=None, ge=1)
+    etp: int | None = Field(strict=True, default=None, ge=1)
     """v2: tensor-parallel degree of the routed experts (default ``tp``)."""
     recompute_modules: tuple[RecomputeModule, ...] | None = None
     """v2 (optional, an arachne addition; Megatron-Core's ``--recompute-modules``), with ``recompute: "selective"``:
@@ -168,9 +178,9 @@ class Pipeline(_V1Dump):
     """Micro-batches this replica runs per iteration."""
     stages: tuple[Stage, ...] = Field(min_length=1)
     """Stages in pipeline order."""
-    micro_batch_size: int | None = Field(default=None, ge=1)
+    micro_batch_size: int | None = Field(strict=True, default=None, ge=1)
     """This replica's micro-batch size (default: the plan's)."""
-    virtual_stages: int = Field(default=1, ge=1, le=10_000)
+    virtual_stages: int = Field(strict=True, default=1, ge=1, le=10_000)
     """v2: interleaved 1F1B chunks per stage (chunk j of stage s is range ``j * S + s``)."""
     V2_DEFAULTS: ClassVar[dict[str, Any]] = {"virtual_stages": 1}
 
@@ -203,20 +213,20 @@ class Plan(_V1Dump):
     planner: str | None = None
     planning_time_s: float | None = None
     estimate: dict[str, Any] | None = None
-    overlap_grad_reduce: bool = False
+    overlap_grad_reduce: bool = Field(default=False, strict=True)
     """v2: gradient reduction runs bucket by bucket during the backward pass."""
-    overlap_param_gather: bool = False
+    overlap_param_gather: bool = Field(default=False, strict=True)
     """v2, with ``zero_stage >= 1``: the next iteration's parameter all-gather overlaps the forward pass."""
     framework: Literal["megatron", "torch"] | None = None
     """v2 (optional, an arachne addition): how the training code keeps memory. ``megatron``: Megatron-Core
     with Transformer Engine (fused norms and cross-entropy, fp32 main gradients); ``torch``: plain PyTorch
     modules (torchtitan, FSDP on Hugging Face models: composite norms, torch cross-entropy). Unset: ``torch``
     with ``zero_stage`` 3, else ``megatron``."""
-    grad_reduce_in_fp32: bool | None = None
+    grad_reduce_in_fp32: bool | None = Field(default=None, strict=True)
     """v2 (optional, an arachne addition; Megatron-Core's flag of that name): gradients accumulated and reduced
     in fp32 (4 bytes per parameter) or, ``false``, in the 16-bit type (2). Unset: fp32, the default of
     Megatron-LM with bf16 and of torchtitan's FSDP (``reduce_dtype``)."""
-    fp8_params: bool = False
+    fp8_params: bool = Field(default=False, strict=True)
     """v2 (optional, an arachne addition; Megatron-LM's ``--fp8-param-gather``), with ``precision: fp8`` under the
     ``megatron`` convention: the GEMM weights are kept only in fp8 (Transformer Engine's fp8 model parameters), the
     16-bit copy is dropped; the fp32 master weights stay in the optimizer."""
@@ -241,7 +251,7 @@ class Plan(_V1Dump):
     """v2 (optional, an arachne addition): how the blocks' element-wise ops (norms, rotary embedding) run.
     ``fused``: fused kernels (Transformer Engine, apex, ``torch.compile``); ``eager``: eager PyTorch, one kernel per
     op with fp32 upcasts (torchtitan without ``compile``). Unset: ``fused``. Priced for 16-bit activations."""
-    overlap_moe_comm: bool = False
+    overlap_moe_comm: bool = Field(default=False, strict=True)
     """v2 (optional, an arachne addition), MoE models with ep > 1: the experts' all-to-alls of one micro-batch run
     while another micro-batch computes (Megatron-Core's ``--overlap-moe-expert-parallel-comm`` with
     ``--delay-wgrad-compute``: the steady 1F1B phase pairs a forward with a backward and interleaves them), so a

@@ -33,6 +33,7 @@ from arachne.spec.names import DisplayName
 
 TRACE_FORMAT = "arachne-trace/1"
 MAX_EVENTS = 1_000  # each event re-plans with every planner: more is hours of planning
+MAX_TRACE_S = 1e9  # the latest time a trace may name, s
 MAX_SAILOR_GPUS = 100_000  # a Sailor trace's GPUs of one kind at one time (a spot VM is a node: as a cluster's count)
 SAILOR_NAMES = ("sailor:spot", "sailor:grow")
 
@@ -213,6 +214,8 @@ def build_trace(name: str, source: str, cluster_doc: dict[str, Any], events: lis
         if times[i] <= times[i - 1]:
             raise InputError(source, where, f"{times[i]:g} s is not after {times[i - 1]:g} s: events must be in "
                                             "time order, one per time, between 0 and end_s")
+        if times[i] > MAX_TRACE_S:  # tokens over the trace must stay finite
+            raise InputError(source, where, f"{times[i]:g} s is past {MAX_TRACE_S:g} s (about 30 years)")
     snaps = [state.snapshot(f"{start.name}@0s", 0.0, times[1], None, "cluster")]
     for i, ev in enumerate(events):
         if not ev.join and not ev.leave:

@@ -37,15 +37,15 @@ class Constraints(BaseModel):
     """The ZeRO stages a plan may use."""
     recompute: tuple[RecomputeKind, ...] | None = Field(default=None, min_length=1)
     """The recomputation kinds a stage may use (``full`` includes partial ``recompute_layers``)."""
-    virtual_stages: bool | None = None
+    virtual_stages: bool | None = Field(default=None, strict=True)
     """``false``: no interleaved pipelines (every ``virtual_stages`` is 1)."""
-    uniform_pipelines: bool | None = None
+    uniform_pipelines: bool | None = Field(default=None, strict=True)
     """``true``: every pipeline has the same stages, layer split, tp and GPU types."""
-    one_micro_batch_size: bool | None = None
+    one_micro_batch_size: bool | None = Field(default=None, strict=True)
     """``true``: every pipeline uses the same micro-batch size."""
-    allow_cross_node_tp: bool | None = None
+    allow_cross_node_tp: bool | None = Field(default=None, strict=True)
     """``false``: no tensor-parallel group spans nodes, whatever a stage's own flag says."""
-    fp8: bool | None = None
+    fp8: bool | None = Field(default=None, strict=True)
     """``false``: no ``fp8`` precision."""
 
 

@@ -21,46 +21,46 @@ class ModelSpec(BaseModel):
                               serialize_by_alias=True)
 
     name: SafeName  # reaches terminals and profile file names
-    num_layers: int = Field(ge=1, le=10_000)  # upper bounds keep every count a finite float
-    hidden_size: int = Field(ge=1, le=1_000_000)
-    ffn_hidden_size: int = Field(ge=1, le=10_000_000)
-    num_attention_heads: int = Field(ge=1, le=1_000_000)
-    num_kv_heads: int | None = Field(default=None, ge=1)
-    vocab_size: int = Field(ge=1, le=100_000_000)
-    max_sequence_length: int = Field(default=2048, ge=1, le=100_000_000)
-    num_experts: int = Field(default=1, ge=1, le=100_000)
-    experts_top_k: int = Field(default=1, ge=1)
-    moe_layer_frequency: int = Field(default=1, ge=1, le=10_000)
-    tied_embeddings: bool = False
+    num_layers: int = Field(strict=True, ge=1, le=10_000)  # upper bounds keep every count a finite float
+    hidden_size: int = Field(strict=True, ge=1, le=1_000_000)
+    ffn_hidden_size: int = Field(strict=True, ge=1, le=10_000_000)
+    num_attention_heads: int = Field(strict=True, ge=1, le=1_000_000)
+    num_kv_heads: int | None = Field(strict=True, default=None, ge=1)
+    vocab_size: int = Field(strict=True, ge=1, le=100_000_000)
+    max_sequence_length: int = Field(strict=True, default=2048, ge=1, le=100_000_000)
+    num_experts: int = Field(strict=True, default=1, ge=1, le=100_000)
+    experts_top_k: int = Field(strict=True, default=1, ge=1)
+    moe_layer_frequency: int = Field(strict=True, default=1, ge=1, le=10_000)
+    tied_embeddings: bool = Field(default=False, strict=True)
     # optional additions (not in formats v1)
     aliases: tuple[str, ...] = ()
     mlp: Literal["gelu", "relu", "swiglu", "geglu"] = "gelu"
     """FFN kind: ``gelu``/``relu`` have two matrices, the gated ``swiglu``/``geglu`` three."""
-    bias: bool = True
+    bias: bool = Field(default=True, strict=True)
     """Linear-layer biases and LayerNorm (``false``: no biases, RMSNorm)."""
     position_embedding: Literal["learned", "rope", "alibi", "none"] = "learned"
     """Only ``learned`` holds parameters (a ``max_sequence_length x hidden_size`` table)."""
     # formats v2 section 6 (stored under other names where a property of the same name exists)
-    head_dim_field: int | None = Field(default=None, ge=1, le=1_000_000, alias="head_dim")
+    head_dim_field: int | None = Field(strict=True, default=None, ge=1, le=1_000_000, alias="head_dim")
     """Per-head width of ``mha`` attention; default ``hidden_size / num_attention_heads``."""
     attention: Literal["mha", "mla"] = "mha"
     """``mha`` (grouped-query when ``num_kv_heads`` < heads) or multi-head latent attention."""
-    q_lora_rank: int | None = Field(default=None, ge=1, le=1_000_000)
+    q_lora_rank: int | None = Field(strict=True, default=None, ge=1, le=1_000_000)
     """MLA: rank of the compressed queries; null = queries projected directly from the hidden state."""
-    kv_lora_rank: int | None = Field(default=None, ge=1, le=1_000_000)
+    kv_lora_rank: int | None = Field(strict=True, default=None, ge=1, le=1_000_000)
     """MLA: rank of the compressed keys and values (required with ``mla``)."""
-    qk_nope_head_dim: int | None = Field(default=None, ge=1, le=1_000_000)
+    qk_nope_head_dim: int | None = Field(strict=True, default=None, ge=1, le=1_000_000)
     """MLA: per-head query/key width without rotary embedding (required with ``mla``)."""
-    qk_rope_head_dim: int | None = Field(default=None, ge=0, le=1_000_000)
+    qk_rope_head_dim: int | None = Field(strict=True, default=None, ge=0, le=1_000_000)
     """MLA: per-head query/key width with rotary embedding; the rotary key is shared by all heads."""
-    v_head_dim: int | None = Field(default=None, ge=1, le=1_000_000)
+    v_head_dim: int | None = Field(strict=True, default=None, ge=1, le=1_000_000)
     """MLA: per-head value width (required with ``mla``)."""
     capacity_factor: float | None = Field(default=None, gt=0, le=1_000)
     """MoE: tokens per expert capped at ``capacity_factor * tokens * top_k / num_experts``; null = dropless."""
-    moe_ffn_hidden_size: int | None = Field(default=None, ge=1, le=10_000_000)
-    num_shared_experts: int = Field(default=0, ge=0, le=100_000)
-    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    first_dense_layers: int = Field(default=0, ge=0, le=10_000)
+    moe_ffn_hidden_size: int | None = Field(strict=True, default=None, ge=1, le=10_000_000)
+    num_shared_experts: int = Field(strict=True, default=0, ge=0, le=100_000)
+    shared_expert_ffn_hidden_size: int | None = Field(strict=True, default=None, ge=1, le=1_000_000_000)
+    first_dense_layers: int = Field(strict=True, default=0, ge=0, le=10_000)
     source: str = ""
 
     @model_validator(mode="after")

@@ -447,3 +447,25 @@ def test_a_fifo_nobody_writes_to_is_refused_not_waited_on(tmp_path):
     assert "--data" in line and "not a regular file" in line, line
     line = one_error_line(invoke("train-ranker", "--pools", npz, "-o", tmp_path / "o"))
     assert "--pools" in line and "not a regular file" in line, line
+
+
+@pytest.mark.parametrize("slot,path,value", [
+    ("model", ("hidden_size",), "64"), ("model", ("hidden_size",), True), ("model", ("num_layers",), 4.0),
+    ("plan", ("pipelines", 0, "stages", 0, "tp"), "2"), ("plan", ("pipelines", 0, "stages", 0, "layers"), ["0", "2"]),
+    ("plan", ("pipelines", 0, "stages", 0, "layers"), [False, 2]),
+])
+def test_numbers_and_flags_in_strings_are_refused_not_converted(tmp_path, slot, path, value):
+    """A "64" or a true where an integer belongs was read as 64 or 1."""
+    f = inputs(tmp_path, **{slot: replaced(BASE[slot], path, value), f"{slot}_name": f"hostile.{slot}.json"})
+    cmd = "validate-plan" if slot == "plan" else "plan"
+    line = one_error_line(invoke(*COMMANDS[cmd](f)))
+    assert "hostile" in line and [k for k in path if isinstance(k, str)][-1] in line, line
+
+
+def test_constraint_switches_must_be_booleans(tmp_path):
+    f = inputs(tmp_path)
+    for doc in ({"fp8": "yes"}, {"virtual_stages": 0}, {"max_tp": "2"}):
+        cons = write(tmp_path / "limits.yaml", doc)
+        line = one_error_line(invoke("plan", "-c", f["cluster"], "-m", f["model"], "-b", 8, "-s", 128,
+                                     "--constraints", cons))
+        assert "limits.yaml" in line and next(iter(doc)) in line, line
