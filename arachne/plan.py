@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -35,6 +36,17 @@ _BLOCK = Annotated[int, Strict()]  # "17" and true are not block indices
 _RANGE = TypeAdapter(tuple[_BLOCK, _BLOCK])
 _RANGES = TypeAdapter(tuple[tuple[_BLOCK, _BLOCK], ...])
 
+
+
+def _exact_int(value: Any) -> Any:
+    """Refuse ``true`` and ``1.0`` where a small integer code is meant (pydantic cannot make a Literal strict)."""
+    if type(value) is not int:
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_exact_int)]
+"""A ZeRO stage: 0 (none), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)."""
 
 class _V1Dump(BaseModel):
     """Drops version-2 fields at their defaults from ``model_dump``: a version-1 plan dumps (and hashes)
@@ -205,7 +217,7 @@ class Plan(_V1Dump):
     micro_batch_size: int = Field(ge=1, strict=True)
     precision: PlanPrecision = "bf16"
     """Training precision; ``fp8`` (v2) only on GPUs whose catalog entry has an FP8 rate."""
-    zero_stage: Literal[0, 1, 2, 3] = 0
+    zero_stage: ZeroStage = 0
     """ZeRO: 1 shards optimizer state, 2 (v2) also gradients, 3 (v2) also parameters."""
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     pipelines: tuple[Pipeline, ...] = Field(min_length=1)

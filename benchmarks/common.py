@@ -94,13 +94,22 @@ def machine() -> dict[str, Any]:
 
 
 # ---- writing and printing -----------------------------------------------------------------------------------
+def repo_relative(value: Any) -> Any:
+    """A path inside the repository as a path relative to it (a stored result names no machine's folders);
+    anything else as it is."""
+    if isinstance(value, (str, Path)) and str(value).startswith(str(ROOT) + os.sep):
+        return str(Path(value).relative_to(ROOT))
+    return value
+
+
 def write_result(out: Path, name: str, rows: list[dict[str, Any]], summary: Any = None,
                  params: dict[str, Any] | None = None, benchmark: str | None = None) -> Path:
     """``out/name.json`` (rows with the command, commit, date and machine that produced them) and
     ``out/name.csv`` (the rows' scalar columns). The report reads the JSON."""
     out.mkdir(parents=True, exist_ok=True)
     doc = {"format": RESULT_FORMAT, "benchmark": benchmark or name, "command": command_line(),
-           "commit": git_commit(), "date": today(), "machine": machine(), "params": params or {},
+           "commit": git_commit(), "date": today(), "machine": machine(),
+           "params": {k: repo_relative(v) for k, v in (params or {}).items()},
            "summary": summary if summary is not None else {}, "rows": rows}
     path = out / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")

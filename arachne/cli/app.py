@@ -36,6 +36,18 @@ def _register() -> None:
 _register()
 
 
+def empty_value(argv: list[str]) -> str | None:
+    """The option (or argument position) of the first empty value in ``argv``, or None. An empty value is
+    nearly always an unset shell variable (``-o "$DIR"``); as a path it would mean the current directory."""
+    for i, arg in enumerate(argv):
+        if arg == "":
+            before = argv[i - 1] if i else ""
+            return before if before.startswith("-") and before != "--" else f"argument {i + 1}"
+        if arg.startswith("--") and arg.endswith("="):
+            return arg[:-1]
+    return None
+
+
 def main() -> None:
     """Entry point: usage errors become one line on stderr with exit code 2."""
     import os
@@ -48,6 +60,10 @@ def main() -> None:
 
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")  # tiny matrices: threads only add contention
+    if (where := empty_value(sys.argv[1:])) is not None:
+        print(f"error: {where}: an empty value (an unset shell variable?); give one or leave the option out",
+              file=sys.stderr)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except click_exc.NoArgsIsHelpError as exc:

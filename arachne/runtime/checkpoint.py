@@ -283,8 +283,12 @@ def check_resumable(root: Path) -> None:
         layers = model_from_dict(read_meta(found, RESUME_FIELDS)["model"]).num_layers
         for name in ["embed", *(f"layers.{i}" for i in range(layers)), "head"]:
             f = found / checkpoint_file(name)
-            if f.exists():  # (one that is missing: its tensors start from the seed, as CheckpointReader has it)
-                load_tensors(f)  # memory-mapped: the structure is read, not the tensors
+            if not f.is_file():  # every save writes each file; resuming without one would re-seed its tensors
+                raise InputError(str(f), "", f"missing from {found.name} (every complete step holds embedding.pt, "
+                                             f"layer-*.pt for each of the {layers} layers and head.pt); write "
+                                             "the name of an intact step into latest, or choose another "
+                                             "--checkpoint-dir")
+            load_tensors(f)  # memory-mapped: the structure is read, not the tensors
         return
     steps = step_dirs(root)
     if steps:
@@ -349,12 +353,21 @@ class CheckpointReader:
         f = checkpoint_file(name)
         if f not in self._files:
             p = self.path / f
-            self._files[f] = load_tensors(p) if p.exists() else {}
+            if not p.is_file():
+                raise InputError(str(p), "", f"missing from {self.path.name} (a step saved by arachne holds it)")
+            self._files[f] = load_tensors(p)
         return self._files[f]
 
     def get(self, name: str, key: str = "param") -> Tensor | None:
+        """The saved ``key`` of canonical tensor ``name``. A parameter must be there (an :class:`InputError`
+        naming the file otherwise: resuming would silently start it from the seed); Adam moments may be
+        absent (a parameter that has had no gradient yet has none), so those are None."""
         entry = self._file(name).get(name)
-        return None if entry is None else entry.get(key)
+        value = None if entry is None else entry.get(key)
+        if value is None and key == "param":
+            raise InputError(str(self.path / checkpoint_file(name)), name, "missing from the checkpoint (a step "
+                                                                           "saved by arachne holds every parameter)")
+        return value
 
     def all(self, key: str = "param") -> dict[str, Tensor]:
         """Every canonical tensor of the checkpoint (for tests and tools)."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arachne.errors import InputError, from_validation_error, load_document
+from arachne.plan import ZeroStage
 
 if TYPE_CHECKING:
     from arachne.plan import Plan, Stage
@@ -33,7 +34,7 @@ class Constraints(BaseModel):
     """Largest context-parallel degree of any stage."""
     max_ep: int | None = Field(default=None, ge=1, strict=True)
     """Largest expert-parallel degree of any stage."""
-    zero_stages: tuple[Literal[0, 1, 2, 3], ...] | None = Field(default=None, min_length=1)
+    zero_stages: tuple[ZeroStage, ...] | None = Field(default=None, min_length=1)
     """The ZeRO stages a plan may use."""
     recompute: tuple[RecomputeKind, ...] | None = Field(default=None, min_length=1)
     """The recomputation kinds a stage may use (``full`` includes partial ``recompute_layers``)."""

@@ -327,3 +327,13 @@ def test_a_stored_recheck_raises_the_best_baseline_of_its_sweep(tmp_path, monkey
 def test_recheck_refuses_arachne_in_one_line():
     res = bench("sweep", "recheck", "seed91", "--planners", "arachne")
     assert res.returncode == 2 and "--planners" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_result_names_repository_files_relative_to_it(tmp_path):
+    """A stored result carried this machine's checkout folder in its params."""
+    from benchmarks import common
+
+    path = common.write_result(tmp_path, "r", [{"a": 1}], params={"data": common.ROOT / "data" / "x.yaml",
+                                                                  "other": str(tmp_path / "y"), "n": 3})
+    params = json.loads(path.read_text())["params"]
+    assert params == {"data": "data/x.yaml", "other": str(tmp_path / "y"), "n": 3}

@@ -452,7 +452,8 @@ def test_a_fifo_nobody_writes_to_is_refused_not_waited_on(tmp_path):
 @pytest.mark.parametrize("slot,path,value", [
     ("model", ("hidden_size",), "64"), ("model", ("hidden_size",), True), ("model", ("num_layers",), 4.0),
     ("plan", ("pipelines", 0, "stages", 0, "tp"), "2"), ("plan", ("pipelines", 0, "stages", 0, "layers"), ["0", "2"]),
-    ("plan", ("pipelines", 0, "stages", 0, "layers"), [False, 2]),
+    ("plan", ("pipelines", 0, "stages", 0, "layers"), [False, 2]), ("plan", ("zero_stage",), True),
+    ("plan", ("zero_stage",), 1.0),
 ])
 def test_numbers_and_flags_in_strings_are_refused_not_converted(tmp_path, slot, path, value):
     """A "64" or a true where an integer belongs was read as 64 or 1."""
@@ -464,8 +465,42 @@ def test_numbers_and_flags_in_strings_are_refused_not_converted(tmp_path, slot, 
 
 def test_constraint_switches_must_be_booleans(tmp_path):
     f = inputs(tmp_path)
-    for doc in ({"fp8": "yes"}, {"virtual_stages": 0}, {"max_tp": "2"}):
+    for doc in ({"fp8": "yes"}, {"virtual_stages": 0}, {"max_tp": "2"}, {"zero_stages": [True]}):
         cons = write(tmp_path / "limits.yaml", doc)
         line = one_error_line(invoke("plan", "-c", f["cluster"], "-m", f["model"], "-b", 8, "-s", 128,
                                      "--constraints", cons))
         assert "limits.yaml" in line and next(iter(doc)) in line, line
+
+
+def test_an_empty_option_value_is_refused_not_read_as_the_current_directory(monkeypatch, capsys, tmp_path):
+    """``-o "$UNSET"`` wrote into the current directory (a path of '' is '.')."""
+    from arachne.cli.app import empty_value, main
+
+    assert empty_value(["export", "-o", "", "-f", "torchrun"]) == "-o"
+    assert empty_value(["plan", "--out=", "-c", "x"]) == "--out"
+    assert empty_value(["estimate", ""]) == "argument 2"
+    assert empty_value(["plan", "-o", ".", "--name", "a=b"]) is None
+    monkeypatch.chdir(tmp_path)
+    f = inputs(tmp_path)
+    monkeypatch.setattr("sys.argv", ["arachne", "export", "-p", str(f["plan"]), "-c", str(f["cluster"]),
+                                     "-f", "torchrun", "-o", ""])
+    with pytest.raises(SystemExit) as ex:
+        main()
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and err.count("\n") == 1 and "-o: an empty value" in err, err
+    assert not (tmp_path / "rank_map.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--plan", "--cluster", "-o"])
+def test_export_refuses_a_path_with_a_control_character(tmp_path, flag):
+    """The paths go into the commands export prints: an escape byte reached the terminal."""
+    f = inputs(tmp_path)
+    args = {"--plan": f["plan"], "--cluster": f["cluster"], "-o": tmp_path / "out"}
+    bad = tmp_path / "a\x1b[2Jb"
+    if flag != "-o":
+        bad.write_bytes(Path(args[flag]).read_bytes())
+    args[flag] = bad
+    res = invoke("export", "-f", "torchrun", *[x for kv in args.items() for x in kv])
+    line = one_error_line(res)
+    assert flag in line and "control character" in line and "\x1b" not in line, line
+    assert not bad.is_dir()

@@ -174,6 +174,28 @@ def test_a_damaged_tensor_file_is_one_line_naming_it(ck, damage, needle):
     assert str(f) in str(err.value)
 
 
+
+def test_a_step_missing_a_tensor_file_is_refused_not_reseeded(ck):
+    f = ck / "step-000003" / "layer-00001.pt"
+    f.unlink()
+    msg = _refused(ck, str(f))
+    assert "missing from step-000003" in msg, msg
+    with pytest.raises(InputError) as err:  # a worker reading it directly: the same file named
+        ckpt.CheckpointReader(ck / "step-000003").get("layers.1.w")
+    assert str(f) in str(err.value)
+
+
+def test_a_parameter_missing_from_its_file_is_refused_moments_may_be_absent(ck):
+    f = ck / "step-000003" / "layer-00001.pt"
+    torch.save({"other": {"param": torch.zeros(3)}}, f)
+    reader = ckpt.CheckpointReader(ck / "step-000003")
+    with pytest.raises(InputError) as err:
+        reader.get("layers.1.w")
+    assert str(f) in str(err.value) and "layers.1.w" in str(err.value)
+    torch.save({"layers.1.w": {"param": torch.zeros(3)}}, f)  # no Adam moments: None, resumed from the seed
+    reader = ckpt.CheckpointReader(ck / "step-000003")
+    assert reader.get("layers.1.w", "exp_avg") is None and reader.get("layers.1.w") is not None
+
 # ---- defects 3 and 4: absurd flag values, refused up front --------------------------------------
 
 def _one_error_line(*args: object) -> str:

@@ -107,17 +107,12 @@ def test_cpu_without_simulate_devices_says_so(monkeypatch, capsys, files, no_lau
 @pytest.mark.torch
 @pytest.mark.slow
 def test_resume_says_which_steps_it_runs(monkeypatch, capsys, files, tmp_path, rt):
-    from arachne.runtime import checkpoint as ckpt
-    from arachne.spec.model import model_from_dict
-
     cluster, plan = files
     ck = tmp_path / "ck"
-    step = ckpt.step_dir(ck, 4)
-    step.mkdir(parents=True)
-    model = model_from_dict(dict(rt.DENSE), "", "model").model_dump()
-    (step / "meta.json").write_text(json.dumps({"format": ckpt.CHECKPOINT_FORMAT, "step": 4, "samples": 32,
-                                                "seed": 0, "model": model, "losses": []}))
-    (ck / "latest").write_text("step-000004\n")
+    code, err = _main(monkeypatch, capsys, "run", "-c", cluster, "-p", plan, "--steps", 4, "--simulate-devices",
+                      "--checkpoint-dir", ck)
+    assert code == 0, err
+    assert (ck / "latest").read_text().strip() == "step-000004"
     code, err = _main(monkeypatch, capsys, "run", "-c", cluster, "-p", plan, "--steps", 3, "--simulate-devices",
                       "--checkpoint-dir", ck)
     assert code == 0, err
