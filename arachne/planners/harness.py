@@ -210,6 +210,9 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
             runtime = f" (runtime {legality.runtime.name})" if legality is not None else ""
             raise NoFeasiblePlanError(f"{name}: no plan that fits satisfies the rules{runtime}: {why}"
                                       if not why.startswith("no plan meets") else f"{name}: {why}")
+        gave_up = result.stats.notes.get("gave_up")
+        if gave_up:  # the planner cannot search this input at all (e.g. FlashFlex's graph past its size)
+            raise NoFeasiblePlanError(f"{name} found no plan: {gave_up}")
         msg = memory_shortfall_message(cluster, model, job, name, result.stats.notes.get("closest_unfit"),
                                        result.stats.timed_out)
         if legality is not None and not legality.free:

@@ -143,7 +143,8 @@ class Cluster:
 
     def subset(self, node_names: list[str] | set[str], name: str | None = None) -> "Cluster":
         """The cluster restricted to some nodes (re-indexed)."""
-        keep = [n for n in self.nodes if n.name in node_names]
+        wanted = set(node_names)  # (a list would make this quadratic: 100,000 nodes took a minute)
+        keep = [n for n in self.nodes if n.name in wanted]
         nodes = tuple(Node(n.name, i, n.gpu, n.num_gpus, n.inter_node_bw, n.intra_node_bw, n.nics, n.zone,
                            n.intra_node_gbps, n.price_per_gpu_hour, n.network) for i, n in enumerate(keep))
         return Cluster(name or self.name, nodes, self.catalog)

@@ -27,6 +27,10 @@ MENU: dict[int, list[list[int]]] = {
     5: [[4, 1], [2, 2, 1]], 6: [[4, 2], [2, 2, 2]], 7: [[4, 2, 1], [2, 2, 2, 1]], 8: [[8], [4, 4], [4, 2, 2]],
 }
 
+MAX_GRAPH_DEVICES = 8192
+"""The most GPUs FlashFlex plans for: its dense device graph and the partitioner's copies take about
+24 bytes per pair of GPUs (1.6 GB at 8,192); a larger cluster gets no plan and a note saying so."""
+
 
 # ---- graph partitioning -------------------------------------------------------------------------------
 def kway_partition(W: np.ndarray, vw: np.ndarray, k: int, rng: np.random.Generator, imbalance: float = 0.05,
@@ -163,9 +167,12 @@ class FlashFlexPlanner(BaselinePlanner):
         devs, net = ctx.cluster.devices, ctx.cost.network
         nodes = list(ctx.cluster.nodes)
         index = {n.name: i for i, n in enumerate(nodes)}
-        one_bw = min(n.inter_node_bw for n in nodes)
-        node_bw = np.array([[a.intra_node_bw if a.name == b.name else
-                             (one_bw if self.quirks else net.inter_link(a, b).bandwidth) for b in nodes] for a in nodes])
+        if self.quirks:
+            node_bw = np.full((len(nodes), len(nodes)), min(n.inter_node_bw for n in nodes))
+        else:  # one flow between two nodes: the slower end's NIC or per-flow rate (as CostModel's inter_link)
+            one = np.array([net.inter_link(n, n).bandwidth for n in nodes])
+            node_bw = np.minimum.outer(one, one)
+        np.fill_diagonal(node_bw, [n.intra_node_bw for n in nodes])
         of = np.array([index[devs[d].node.name] for d in devices])
         W = node_bw[np.ix_(of, of)]
         np.fill_diagonal(W, 0.0)
@@ -188,6 +195,10 @@ class FlashFlexPlanner(BaselinePlanner):
 
     def search(self, ctx: Ctx) -> None:
         devices = list(ctx.cluster.devices)
+        if len(devices) > MAX_GRAPH_DEVICES:
+            ctx.stats.notes["gave_up"] = (f"its device graph ({len(devices):,} x {len(devices):,} links) is past "
+                                          f"what this implementation partitions ({MAX_GRAPH_DEVICES:,} GPUs)")
+            return
         W, vw = self._graph(ctx, devices)
         inv = np.where(W > 0, 1e10 / np.where(W > 0, W, 1), 0.0)
         rng = random.Random(ctx.budget.seed)

@@ -164,6 +164,32 @@ def test_tiny_budget_returns_quickly(planner: str) -> None:
         assert plan_errors(plan, c, load_model("GPT-3-1.3B")) == []
 
 
+
+def test_flashflex_past_its_graph_size_says_so(monkeypatch) -> None:
+    """A 100,000-GPU cluster ran FlashFlex for minutes and gigabytes (a dense device graph), then its error
+    blamed memory; past the size it gives up at once and says why."""
+    from arachne.planners.baselines import flashflex
+
+    planner_factory("flashflex")
+    monkeypatch.setattr(flashflex, "MAX_GRAPH_DEVICES", 16)
+    c = cluster("big64")
+    with pytest.raises(NoFeasiblePlanError, match=r"device graph \(64 x 64 links\) is past .* \(16 GPUs\)"):
+        run_planner("flashflex", c, load_model("GPT-3-1.3B"), job(256), CostModel(c), SearchBudget(time_budget_s=5))
+
+
+def test_a_subcluster_does_not_search_the_name_list_per_node() -> None:
+    """Cluster.subset tested each node against the list of names: 100,000 one-GPU nodes took a minute of
+    the Megatron grid (quadratic); the names are looked up in a set."""
+
+    class NoScan(list):
+        def __contains__(self, item):
+            raise AssertionError("a linear scan of the names per node")
+
+    c = cluster_from_dict({"name": "wide", "nodes": [{"name": "h{i}", "count": 8, "gpu": "H100",
+                                                      "gpus_per_node": 1}]})
+    sub = c.subset(NoScan(n.name for n in c.nodes[::2]))
+    assert [n.name for n in sub.nodes] == ["h0", "h2", "h4", "h6"] and [n.index for n in sub.nodes] == [0, 1, 2, 3]
+
 # ---- MoE and EP -----------------------------------------------------------------------------------------
 def test_megatron_expresses_expert_parallelism() -> None:
     res = planned("megatron", "homog8", "Qwen1.5-MoE-A2.7B", 64)
