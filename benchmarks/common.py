@@ -146,7 +146,9 @@ LABELS = {"at_least_0.99": ">= 0.99x", "at_least_1.0": ">= 1.0x", "arachne_media
           "block_ms": "block ms", "fused_pct": "fused %", "eager_pct": "eager %", "head_ms": "head ms",
           "head_pct": "head %", "err_pct": "error %", "time_pct": "time %", "memory_pct": "memory %",
           "measured_s": "measured s", "estimated_s": "estimate s", "measured_gib": "measured GiB",
-          "estimated_gib": "estimate GiB", "measured_tflops": "measured TFLOP/s", "model_tflops": "model TFLOP/s"}
+          "estimated_gib": "estimate GiB", "measured_tflops": "measured TFLOP/s", "model_tflops": "model TFLOP/s",
+          "gpus_used": "GPUs used", "tokens_per_s": "tokens/s", "ratio_to_best": "vs best",
+          "planning_time_s": "planning s", "timed_out": "timed out"}
 """Column headers for keys whose JSON name reads badly in a table."""
 
 
@@ -407,6 +409,7 @@ from benchmarks.problems import (  # noqa: E402, F401
     GRID_QUICK,
     LATENCY_TYPES,
     NODE_SIZES,
+    SCALE_CASES,
     SWEEP_PLANNERS,
     TIERS,
     TIMING_PLANNERS,

@@ -6,7 +6,8 @@ models from 350M to 70B parameters and 10 with five MoE models. Every planner ru
 caches; one that overruns its budget by far is stopped). Prints per planner the geometric mean of throughput
 relative to the best planner of each case (over the cases it solved), the median planning time and the share
 of cases where it found no fitting plan. ``grid timing``: planning time of the search baselines at 64, 256
-and 512 GPUs.
+and 512 GPUs. ``grid scale``: every planner on six clusters of 4,096 to 100,000 GPUs (the same children,
+ratios and summary as ``grid run``).
 """
 
 from __future__ import annotations
@@ -144,6 +145,29 @@ def run(a) -> None:
     print_summary(summary, f"{len(cases)} cases, budget {a.time_budget:g} s per planner (geomean over solved "
                            "cases of throughput / best of the case)")
     common.write_result(a.out, "grid", rows, summary, meta)
+
+
+def scale(a) -> None:
+    budget = SearchBudget(time_budget_s=a.time_budget, seed=a.seed)
+    chosen = [p.strip() for p in a.planners.split(",")] if a.planners else None
+    cases = [c for c in common.SCALE_CASES if not a.cases or any(k in c.name for k in a.cases.split(","))]
+    if not cases:
+        common.fail(f"--cases {a.cases!r}: no scale case matches (e.g. {common.SCALE_CASES[0].name})")
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for case in cases:
+        rows += [run_one(case, name, budget, hard_limit(a)) for name in planners_for(case, chosen)]
+    add_ratios(rows)
+    for case in cases:  # one table per cluster: 80 columns
+        common.print_table(f"{case.name}: {case.gbs} x {case.seq} tokens",
+                           [r for r in rows if r["case"] == case.name],
+                           ["planner", "gpus_used", "tokens_per_s", "ratio_to_best", "planning_time_s", "timed_out"])
+    summary = summarise(rows)
+    print_summary(summary, f"{len(cases)} large clusters, budget {a.time_budget:g} s per planner")
+    common.write_result(a.out, "scale", rows, summary, {"time_budget_s": a.time_budget, "seed": a.seed,
+                                                        "cases": len(cases),
+                                                        "wall_s": round(time.perf_counter() - t0, 1)},
+                        benchmark="grid-scale")
 
 
 def timing(a) -> None:

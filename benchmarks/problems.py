@@ -104,6 +104,19 @@ TIMING_SIZES = {
 }
 TIMING_PLANNERS = ["megatron", "amp", "metis", "flashflex", "sailor"]
 
+# clusters past the grid, as large training sites build them (``grid scale``): 4,096 to 100,000 GPUs in 8-GPU
+# nodes with the catalog's NICs (one 400 Gb/s NIC per Hopper GPU; one case with a single 400 GbE NIC per
+# node); the 16,384-GPU case is Llama 3 405B's published job (2,048 x 8,192 tokens)
+SCALE_CASES: list[GridCase] = [
+    GridCase("h100-4096", (("H100", 512, 8, None),), "Llama-3.1-70B", 1024, 8192),
+    GridCase("h100-4096-eth", (("H100", 512, 8, 50.0),), "Llama-3.1-70B", 1024, 8192),  # one 400 GbE NIC a node
+    GridCase("h100-a100-8192", (("H100", 512, 8, None), ("A100-80", 512, 8, None)), "Llama-3.1-70B", 2048, 4096),
+    GridCase("h100-16384", (("H100", 2048, 8, None),), "Llama-3.1-405B", 2048, 8192),
+    GridCase("hopper-ampere-24576", (("H200", 1024, 8, None), ("H100", 1024, 8, None), ("A100-80", 1024, 8, None)),
+             "Qwen3-235B-A22B", 4096, 4096),
+    GridCase("h100-100000", (("H100", 12500, 8, None),), "Llama-3.1-70B", 2048, 8192),
+]
+
 
 # ---- random production-like clusters (the robustness sweeps): arachne/planners/arachne/train/production.py
 SWEEP_PLANNERS = ["arachne", "megatron", "megatron-oblivious", "amp", "metis", "flashflex", "sailor"]

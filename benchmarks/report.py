@@ -115,6 +115,9 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "grid": ("The planners grid, every planner re-run on the current code", "its cases (all 25, or those `--cases` "
              "names), each planner in a forked child, all plans priced by the current cost model",
              "python -m benchmarks grid run"),
+    "grid-scale": ("Large clusters", "every planner on six clusters of 4,096-100,000 GPUs in 8-GPU nodes (dense "
+                   "and MoE), each in a forked child at a 30 s budget; throughput relative to the best of the case",
+                   "python -m benchmarks grid scale"),
     "objectives": ("Objectives and runtime presets", "USD per token under --objective cost vs the baselines' plans; "
                    "--runtime megatron vs the Megatron grid", "python -m benchmarks objectives"),
     "cost-model-activations": ("Activation memory vs autograd's saved tensors", "bytes a real bf16 forward on CPU "
@@ -352,6 +355,10 @@ def result_section(path: Path, doc: dict) -> list[str]:
     if key == "sweep":
         (sw,) = common.load_sweeps([str(path)])
         out += md_table([{"sweep": sw.name, **sweep_stats([sw])}])
+    elif key == "grid-scale":  # few rows: each case's planners, then the summary
+        out += md_table(doc.get("rows", []), ["case", "planner", "gpus_used", "tokens_per_s", "ratio_to_best",
+                                              "planning_time_s", "timed_out"])
+        out += [""] + md_summary(doc.get("summary"))
     else:
         out += md_summary(doc.get("summary"))
     return out

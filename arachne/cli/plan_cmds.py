@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="seed for randomised planners"),
         target: float | None = typer.Option(
             None, "--target", min=0.05,
-            help="arachne only: seconds the search aims to finish in (default 1.2, capped by --time-budget), "
+            help="arachne only: seconds the search aims to finish in (default 1.2, times GPUs / 1,024 past 1,024 "
+                 "GPUs, at most 12; capped by --time-budget), "
                  "counted in work done (seconds on a 2-core reference machine), so the same input gets the "
                  "same plan under any load; a target above 0.8 runs the base search first, then keeps "
                  "improving on it"),

@@ -337,3 +337,19 @@ def test_a_result_names_repository_files_relative_to_it(tmp_path):
                                                                   "other": str(tmp_path / "y"), "n": 3})
     params = json.loads(path.read_text())["params"]
     assert params == {"data": "data/x.yaml", "other": str(tmp_path / "y"), "n": 3}
+
+
+def test_the_scale_cases_load_and_feed_their_clusters():
+    """``grid scale``: each large cluster loads with the catalog's NICs, its model exists and its job fits the
+    model's sequence limit; sizes as the docs say (4,096 to 100,000 GPUs)."""
+    from arachne.spec.model import load_model
+    from benchmarks import common
+
+    sizes = []
+    for case in common.SCALE_CASES:
+        cl = common.grid_cluster(case.cluster, list(case.groups))
+        model = load_model(case.model)
+        assert case.seq <= model.max_sequence_length and case.gbs >= 1
+        assert all(n.inter_node_bw > 0 for n in cl.nodes)
+        sizes.append(cl.num_gpus)
+    assert min(sizes) == 4096 and max(sizes) == 100_000

@@ -104,8 +104,22 @@ def test_the_target_help_names_the_planners_own_defaults():
     import typer.main
 
     from arachne.cli.app import app
-    from arachne.planners.arachne.options import BASE_TARGET_S, DEFAULT_TARGET_S
+    from arachne.planners.arachne.options import (
+        BASE_TARGET_S,
+        DEFAULT_TARGET_S,
+        LARGE_CLUSTER_GPUS,
+        MAX_DEFAULT_TARGET_S,
+    )
 
     plan = typer.main.get_command(app).commands["plan"]
     text = next(p.help for p in plan.params if p.name == "target")
     assert f"(default {DEFAULT_TARGET_S:g}," in text and f"a target above {BASE_TARGET_S:g} runs" in text
+    assert f"past {LARGE_CLUSTER_GPUS:,} GPUs, at most {MAX_DEFAULT_TARGET_S:g};" in text
+
+
+def test_the_default_target_grows_with_the_cluster_past_1024_gpus():
+    from arachne.planners.arachne.options import DEFAULT_TARGET_S, MAX_DEFAULT_TARGET_S, default_target
+
+    assert default_target(8) == default_target(1024) == DEFAULT_TARGET_S
+    assert default_target(4096) == 4 * DEFAULT_TARGET_S
+    assert default_target(10_240) == default_target(100_000) == MAX_DEFAULT_TARGET_S

@@ -15,7 +15,20 @@ BASE_TARGET_S = 0.8
 """The target of the base pass, in seconds of work (see :mod:`arachne.planners.arachne.work_clock`): a longer
 target runs this pass as it is first, then spends the rest improving on its result."""
 DEFAULT_TARGET_S = 1.2
-"""The default latency target in seconds of work: the base pass and its extension (decision 0025)."""
+"""The default latency target in seconds of work up to :data:`LARGE_CLUSTER_GPUS` GPUs: the base pass and its
+extension (decision 0025)."""
+LARGE_CLUSTER_GPUS = 1024
+"""Past this many GPUs the default target grows in proportion to the GPUs (decision 0049)."""
+MAX_DEFAULT_TARGET_S = 12.0
+"""The most the default target grows to (reached at 10,240 GPUs)."""
+
+
+def default_target(num_gpus: int) -> float:
+    """The latency target when none is given: :data:`DEFAULT_TARGET_S`, times ``num_gpus /``
+    :data:`LARGE_CLUSTER_GPUS` past that size, at most :data:`MAX_DEFAULT_TARGET_S` (a longer target only
+    extends the base pass, so it never returns a slower plan)."""
+    return min(MAX_DEFAULT_TARGET_S, DEFAULT_TARGET_S * max(1.0, num_gpus / LARGE_CLUSTER_GPUS))
+
 GROUP_WITHIN = 0.97
 """Default of :attr:`CompletionOptions.group_within`."""
 
@@ -24,9 +37,10 @@ GROUP_WITHIN = 0.97
 class TargetOptions:
     """How long the planner aims to run."""
 
-    target_s: float = DEFAULT_TARGET_S
+    target_s: float | None = None
     """The whole run aims to end by then (or by the caller's budget, if sooner). A target beyond
-    :data:`BASE_TARGET_S` runs the base pass first and spends the rest improving on its result."""
+    :data:`BASE_TARGET_S` runs the base pass first and spends the rest improving on its result. None:
+    :func:`default_target` of the cluster's GPUs."""
     clock: Literal["work", "wall"] = "work"
     """``work``: the target counts work done, so the same input gets the same plan under any load;
     ``wall``: seconds on the wall clock."""

@@ -25,7 +25,13 @@ from arachne.planners.arachne.learned.ranker import (
     shipped_ranker,
 )
 from arachne.planners.arachne.long_context import long_sequence
-from arachne.planners.arachne.options import BASE_TARGET_S, AblationSwitches, ArachneOptions, TimeShares
+from arachne.planners.arachne.options import (
+    BASE_TARGET_S,
+    AblationSwitches,
+    ArachneOptions,
+    TimeShares,
+    default_target,
+)
 from arachne.planners.arachne.portfolio import SECOND_LOOK, SECOND_LOOK_MAX_GPUS, Forked
 from arachne.planners.arachne.rules_view import RulePricer, cost_views, framework_floor, planner_rules
 from arachne.planners.arachne.search.beams import policy_search, teacher_search
@@ -163,7 +169,7 @@ class ArachnePlanner:
         # the caller's budget in CPU seconds of this thread: a loaded machine stretches the wall time, not the
         # search, so the same input gets the same plan under any load
         deadline = replace(budget, cpu=True).deadline()
-        span = o.target.target_s
+        span = o.target.target_s if o.target.target_s is not None else default_target(len(cluster.devices))
         base = min(span, BASE_TARGET_S)  # the base pass, which a longer target runs first and then extends
         # the latency target runs on the work clock; CPU time only guards the whole run (every pass of it)
         # against a machine many times slower than the one the work rates were fitted on, or work they miss
