@@ -37,7 +37,6 @@ _RANGE = TypeAdapter(tuple[_BLOCK, _BLOCK])
 _RANGES = TypeAdapter(tuple[tuple[_BLOCK, _BLOCK], ...])
 
 
-
 def _exact_int(value: Any) -> Any:
     """Refuse ``true`` and ``1.0`` where a small integer code is meant (pydantic cannot make a Literal strict)."""
     if type(value) is not int:
@@ -47,6 +46,7 @@ def _exact_int(value: Any) -> Any:
 
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_exact_int)]
 """A ZeRO stage: 0 (none), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)."""
+
 
 class _V1Dump(BaseModel):
     """Drops version-2 fields at their defaults from ``model_dump``: a version-1 plan dumps (and hashes)

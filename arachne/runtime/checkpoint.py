@@ -281,7 +281,7 @@ def check_resumable(root: Path) -> None:
         from arachne.spec.model import model_from_dict
 
         layers = model_from_dict(read_meta(found, RESUME_FIELDS)["model"]).num_layers
-        for name in ["embed", *(f"layers.{i}" for i in range(layers)), "head"]:
+        for name in ["embed.", *(f"layers.{i}" for i in range(layers)), "head"]:
             f = found / checkpoint_file(name)
             if not f.is_file():  # every save writes each file; resuming without one would re-seed its tensors
                 raise InputError(str(f), "", f"missing from {found.name} (every complete step holds embedding.pt, "

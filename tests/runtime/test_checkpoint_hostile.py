@@ -175,13 +175,15 @@ def test_a_damaged_tensor_file_is_one_line_naming_it(ck, damage, needle):
 
 
 
-def test_a_step_missing_a_tensor_file_is_refused_not_reseeded(ck):
-    f = ck / "step-000003" / "layer-00001.pt"
+@pytest.mark.parametrize("name", ["embedding.pt", "layer-00001.pt", "head.pt"])
+def test_a_step_missing_a_tensor_file_is_refused_not_reseeded(ck, name):
+    f = ck / "step-000003" / name
     f.unlink()
     msg = _refused(ck, str(f))
     assert "missing from step-000003" in msg, msg
     with pytest.raises(InputError) as err:  # a worker reading it directly: the same file named
-        ckpt.CheckpointReader(ck / "step-000003").get("layers.1.w")
+        ckpt.CheckpointReader(ck / "step-000003").get({"embedding.pt": "embed.word", "head.pt": "final_norm.weight"}
+                                                      .get(name, "layers.1.w"))
     assert str(f) in str(err.value)
 
 
