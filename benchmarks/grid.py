@@ -124,14 +124,9 @@ def hard_limit(a) -> float:
     return a.hard_limit if a.hard_limit is not None else 3 * a.time_budget + 60
 
 
-def run(a) -> None:
-    cases = common.GRID_QUICK if a.quick else common.GRID_CASES
-    if a.cases:
-        cases = [c for c in cases if any(k in c.name for k in a.cases.split(","))]
-    if not cases:
-        common.fail(f"--cases {a.cases!r}: no grid case matches (e.g. {', '.join(c.name for c in common.GRID_CASES[:4])})")
-    if a.time_budget is None:
-        a.time_budget = 10.0 if a.quick else 30.0
+def run_cases(cases: list[GridCase], a) -> tuple[list[dict[str, Any]], float]:
+    """Every chosen planner (``a.planners``, default all) on every case, each in a forked child at
+    ``a.time_budget``; the rows with their ratios to the best of each case, and the wall time."""
     budget = SearchBudget(time_budget_s=a.time_budget, seed=a.seed)
     chosen = [p.strip() for p in a.planners.split(",")] if a.planners else None
     rows: list[dict[str, Any]] = []
@@ -139,25 +134,32 @@ def run(a) -> None:
     for case in cases:
         rows += [run_one(case, name, budget, hard_limit(a)) for name in planners_for(case, chosen)]
     add_ratios(rows)
+    return rows, round(time.perf_counter() - t0, 1)
+
+
+def chosen_cases(cases: list[GridCase], a, what: str) -> list[GridCase]:
+    """``cases`` whose name contains one of ``a.cases`` (comma-separated; all when empty), or exit 2."""
+    out = [c for c in cases if not a.cases or any(k in c.name for k in a.cases.split(","))]
+    if not out:
+        common.fail(f"--cases {a.cases!r}: no {what} case matches (e.g. {', '.join(c.name for c in cases[:4])})")
+    return out
+
+
+def run(a) -> None:
+    cases = chosen_cases(common.GRID_QUICK if a.quick else common.GRID_CASES, a, "grid")
+    if a.time_budget is None:
+        a.time_budget = 10.0 if a.quick else 30.0
+    rows, wall = run_cases(cases, a)
     summary = summarise(rows)
-    meta = {"time_budget_s": a.time_budget, "seed": a.seed, "quick": a.quick, "cases": len(cases),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    meta = {"time_budget_s": a.time_budget, "seed": a.seed, "quick": a.quick, "cases": len(cases), "wall_s": wall}
     print_summary(summary, f"{len(cases)} cases, budget {a.time_budget:g} s per planner (geomean over solved "
                            "cases of throughput / best of the case)")
     common.write_result(a.out, "grid", rows, summary, meta)
 
 
 def scale(a) -> None:
-    budget = SearchBudget(time_budget_s=a.time_budget, seed=a.seed)
-    chosen = [p.strip() for p in a.planners.split(",")] if a.planners else None
-    cases = [c for c in common.SCALE_CASES if not a.cases or any(k in c.name for k in a.cases.split(","))]
-    if not cases:
-        common.fail(f"--cases {a.cases!r}: no scale case matches (e.g. {common.SCALE_CASES[0].name})")
-    rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-    for case in cases:
-        rows += [run_one(case, name, budget, hard_limit(a)) for name in planners_for(case, chosen)]
-    add_ratios(rows)
+    cases = chosen_cases(common.SCALE_CASES, a, "scale")
+    rows, wall = run_cases(cases, a)
     for case in cases:  # one table per cluster: 80 columns
         common.print_table(f"{case.name}: {case.gbs} x {case.seq} tokens",
                            [r for r in rows if r["case"] == case.name],
@@ -165,8 +167,7 @@ def scale(a) -> None:
     summary = summarise(rows)
     print_summary(summary, f"{len(cases)} large clusters, budget {a.time_budget:g} s per planner")
     common.write_result(a.out, "scale", rows, summary, {"time_budget_s": a.time_budget, "seed": a.seed,
-                                                        "cases": len(cases),
-                                                        "wall_s": round(time.perf_counter() - t0, 1)},
+                                                        "cases": len(cases), "wall_s": wall},
                         benchmark="grid-scale")
 
 

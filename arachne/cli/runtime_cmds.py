@@ -345,11 +345,11 @@ def register(app: typer.Typer) -> None:
         if elastic and not checkpoint_dir:
             raise InputError("", "--checkpoint-dir", "--elastic restores every restart from it: give a directory "
                                                      "every node sees at the same path")
-        from arachne.spec.names import _CONTROL
+        from arachne.spec.names import has_control
 
         for flag, value in (("--plan", plan), ("--cluster", cluster), ("-o", out),
                             ("--checkpoint-dir", checkpoint_dir), ("--store-host", store_host)):
-            if value is not None and _CONTROL.search(str(value)):  # it goes into the commands printed or written
+            if value is not None and has_control(value):  # it goes into the commands printed or written
                 raise InputError("", flag, "contains a control character (a newline, an escape, ...): rename it")
         if out is not None:
             from arachne.fileio import check_output

@@ -77,6 +77,12 @@ DisplayName = Annotated[str, AfterValidator(display_name)]
 """A document field holding a name that is only shown (printed as text, never as markup)."""
 
 
+def has_control(text: object) -> bool:
+    """Whether ``text`` holds a control character (a newline, an escape, ...): such a path or name must not go
+    into a command arachne prints or writes."""
+    return _CONTROL.search(str(text)) is not None
+
+
 def printable(text: object) -> str:
     """``text`` with every control character (newline, escape, bell ...) shown as an escape such as ``\\n``,
     so that a user's file cannot move the cursor, recolour or rewrite a terminal. Print the result as
