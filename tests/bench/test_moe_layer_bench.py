@@ -29,6 +29,7 @@ def test_the_frozen_passes_are_the_anchor_fit_and_the_checks_hold(tmp_path):
     assert max(anchors) < 15
 
 
+@pytest.mark.slow
 def test_a_bad_data_file_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rows:\n- {impl: megatron, panel: x, T: 4096, d: 1024, n: 512, E: 8, K: 16}\n")

@@ -20,6 +20,7 @@ JOB = ["--model", "OPT-350M", "-b", "32", "-s", "1024", "--time-budget", "5"]
 
 
 
+@pytest.mark.slow
 def test_cost_objective_prints_usd_and_writes_the_cost_keys(tmp_path):
     out = tmp_path / "p.json"
     res = invoke("plan", "--cluster", CLUSTER, *JOB, "--objective", "cost", "-o", out)

@@ -95,6 +95,7 @@ def files(write_doc, tmp_path: Path) -> tuple[Path, Path]:
     return write_doc("lost.yaml", LOST), plan
 
 
+@pytest.mark.slow
 def test_cli_replan_writes_the_new_plan_and_reports_json(files, tmp_path: Path):
     cluster, plan = files
     out = tmp_path / "new.json"

@@ -182,6 +182,7 @@ def test_rename_marks_a_plan_on_a_lost_gpu_as_not_running():
     assert q.devices == ["b0:0", "b0:gone-1", "b0:1", "b0:gone-3"]
 
 
+@pytest.mark.slow
 def test_a_real_replay_counts_tokens_segment_by_segment():
     tr = parse(doc([{"t_s": 100, "leave": ["b0:3"]}, {"t_s": 250, "join": [{"name": "c0", **NODE}]}]))
     res = replay(tr, model_catalog().get(MODEL), Job(global_batch_size=16, sequence_length=2048),

@@ -45,6 +45,7 @@ def test_exhaustive_oracle_bounds_arachne_and_arachne_is_close(model):
     assert ek.tokens_per_s >= 0.95 * eok.tokens_per_s
 
 
+@pytest.mark.slow
 def test_moe_plans_use_expert_parallelism():
     cl = cluster_from_dict({"nodes": [{"name": "h{i}", "count": 2, "gpu": "H100"}]})
     model = model_catalog().get("Mixtral-8x7B")

@@ -454,6 +454,7 @@ def test_the_planner_leads_rob_007_with_a_p100_stage():
     assert runs["arachne"] >= runs["sailor"]
 
 
+@pytest.mark.slow
 def test_stages_with_tensor_parallelism_are_built_and_sized_with_sequence_parallelism():
     """A completion rule, not a knob: sequence parallelism costs no time in the cost model and holds a tp-th of
     the activations, so every stage of tp > 1 is built and sized with it (``sequence_parallel``). Sized without

@@ -58,6 +58,7 @@ def test_mixed_rules_are_valid_distinct_and_keep_the_plain_rule_early(model):
     assert first.template() in templates[:2]
 
 
+@pytest.mark.slow
 def test_a_graded_rule_over_the_classes_whose_nodes_hold_their_grade():
     """A slow type in one-GPU nodes cannot hold the tp its speed asks (RTX 4090: 8 against an H800); a graded rule
     over every class gives it many one-block stages. The graded rule over the classes whose nodes hold their grade

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from arachne.cost import CostModel
 from arachne.plan import plan_from_dict, validate_plan
 from arachne.planners.arachne.completion.polish import polish_splits, split_neighbours, type_led
@@ -131,6 +133,7 @@ def test_each_other_gpu_type_leads_with_its_stages_as_they_are():
     assert type_led(plan([3, 6, 9]), lambda d: "one type") == []
 
 
+@pytest.mark.slow
 def test_the_final_polish_also_polishes_each_other_gpu_type_leading():
     """seed135/rob-006: the planner's plan led by its H100 stages, polished, was 0.974x Megatron's grid over the
     same nodes (``megatron-oblivious``: 8 stages of tp 4 x dp 4, the GH200 nodes first, 349,051 tokens/s); led by

@@ -94,6 +94,7 @@ def test_the_second_search_in_process_finds_what_the_forked_one_does(monkeypatch
     assert inline.model_dump(exclude={"planning_time_s"}) == forked.model_dump(exclude={"planning_time_s"})
 
 
+@pytest.mark.slow
 def test_a_failing_second_search_leaves_the_first_ones_plan(monkeypatch):
     _, alone, _ = _plan(second_look=False)
 
