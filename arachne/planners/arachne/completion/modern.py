@@ -10,8 +10,10 @@ framework makes by default, no slower):
 3. sequence parallelism on every stage with ``tp > 1`` (same time, less activation memory);
 4. per-stage recomputation: the fastest of none / selective / the first k blocks / full that fits; a plan that
    recomputes nothing gets the even split of each run of like stages instead, with the recomputation it needs;
-5. context parallelism ``cp`` in {2, 4} for sequences of :data:`LONG_SEQUENCE` tokens or more, replacing
-   stage data parallelism (or merging identical pipelines), then recomputation again;
+5. context parallelism: from :data:`CP_FOR_TP_SEQUENCE` tokens, ``cp = k`` in place of a ``k``-th of each
+   stage's tp (no per-layer tp collectives, ``k`` times the parameters per GPU: a node's GPUs behind a thin NIC
+   then need not shard the weights); from :data:`LONG_SEQUENCE` tokens, ``cp`` in {2, 4} replacing stage data
+   parallelism (or merging identical pipelines); each then with the recomputation it needs;
 6. micro-batches twice as large (up to twice in a row, while faster), with the sharding or the per-stage
    recomputation that makes them fit;
 7. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``, each layout also with its all-to-alls overlapped;
@@ -40,6 +42,7 @@ from arachne.errors import InputError
 from arachne.plan import PLAN_FORMAT_V2, Pipeline, Plan, Stage, plan_errors
 from arachne.plan_rules import uses_v2
 from arachne.planners.arachne.completion.plan_edits import (
+    cp_for_tp,
     even_split,
     expert_layouts,
     interleavings,
@@ -66,6 +69,11 @@ percent slower as version 1 can interleave where the fastest cannot)."""
 LONG_SEQUENCE = 32768
 """Context parallelism is tried from this sequence length on."""
 CP_DEGREES = (2, 4)
+CP_FOR_TP_SEQUENCE = 4096
+"""Context parallelism in place of tensor parallelism is tried from this sequence length on."""
+CP_FOR_TP_DEGREES = (2, 4, 8)
+CP_RANK_TOKENS = 1024
+"""Tokens of each sequence a cp rank keeps, at least, for that swap."""
 RESHAPE_PLANS = 3
 """The best plans after the knobs that the reshaping knobs (even split, larger micro-batches) then take."""
 MBS_DOUBLINGS = 2
@@ -158,6 +166,7 @@ class Knobs:
             self.fit_if_faster(cand, e)
 
     def context_parallel(self) -> None:
+        self.cp_for_tp()
         if self.best[0].sequence_length < LONG_SEQUENCE:
             return
         for c in CP_DEGREES:
@@ -168,6 +177,24 @@ class Knobs:
             if not self.offer(cand, est) and est.fits and not recomputes(cand):
                 continue
             self.relax(cand, est)  # less activation memory per GPU: less recomputation
+
+    def cp_for_tp(self) -> None:
+        """cp ``k`` in place of a ``k``-th of each stage's tp (:func:`cp_for_tp`), for sequences of at least
+        :data:`CP_FOR_TP_SEQUENCE` tokens and ``CP_RANK_TOKENS`` per cp rank; the fastest as priced gets the
+        recomputation or sharding it needs (those only add time)."""
+        seq = self.best[0].sequence_length
+        if seq < CP_FOR_TP_SEQUENCE:
+            return
+        short: Priced | None = None
+        for k in (k for k in CP_FOR_TP_DEGREES if seq // k >= CP_RANK_TOKENS):
+            cand = cp_for_tp(self.best[0], k)
+            est = self.price(cand) if cand is not None else None
+            if est is None or self.offer(cand, est):
+                continue
+            if not est.fits and (short is None or est.iteration_time_s < short[1].iteration_time_s):
+                short = (cand, est)
+        if short is not None:
+            self.fit_if_faster(*short)
 
     def batch(self) -> None:
         """Larger micro-batches (twice, then twice again while that is faster), with the recomputation or the

@@ -162,6 +162,27 @@ def with_cp(plan: Plan, c: int) -> Plan | None:
     return with_pipelines(plan, pipes) if changed else None
 
 
+def cp_for_tp(plan: Plan, k: int) -> Plan | None:
+    """Context parallelism ``k`` in place of a ``k``-th of tensor parallelism: each stage of ``tp`` divisible by
+    ``k`` (no cp yet, no experts) runs ``tp / k`` and ``cp = k`` on the same devices (each tp group of the
+    stage becomes ``k`` groups of ``tp / k``, tp fastest then cp). No per-layer tensor-parallel collectives and
+    ``k`` times the parameters per GPU; activations split ``k`` ways as before. None when nothing changes."""
+    if plan.sequence_length % (2 * k):
+        return None
+    changed = False
+
+    def swap(_a: int, _b: int, _p: Pipeline, st: Stage) -> Stage:
+        nonlocal changed
+        if st.tp % k or st.cp != 1 or st.ep != 1 or st.etp is not None:
+            return st
+        changed = True
+        t = st.tp // k
+        return st.model_copy(update={"tp": t, "cp": k, "sequence_parallel": st.sequence_parallel and t > 1})
+
+    out = map_stages(plan, swap)
+    return out if changed else None
+
+
 def expert_layouts(st: Stage, model: ModelSpec) -> list[tuple[int, int | None]]:
     """``(ep, etp)`` layouts of a MoE stage's experts worth pricing: etp 1 and tp, each with the largest ep
     the stage allows (``ep * etp`` dividing ``dp * cp * tp``, ``num_experts % ep == 0``) and the next one below
