@@ -10,10 +10,8 @@ framework makes by default, no slower):
 3. sequence parallelism on every stage with ``tp > 1`` (same time, less activation memory);
 4. per-stage recomputation: the fastest of none / selective / the first k blocks / full that fits; a plan that
    recomputes nothing gets the even split of each run of like stages instead, with the recomputation it needs;
-5. context parallelism: from :data:`CP_FOR_TP_SEQUENCE` tokens, ``cp = k`` in place of a ``k``-th of each
-   stage's tp (no per-layer tp collectives, ``k`` times the parameters per GPU: a node's GPUs behind a thin NIC
-   then need not shard the weights); from :data:`LONG_SEQUENCE` tokens, ``cp`` in {2, 4} replacing stage data
-   parallelism (or merging identical pipelines); each then with the recomputation it needs;
+5. context parallelism ``cp`` in {2, 4} for sequences of :data:`LONG_SEQUENCE` tokens or more, replacing
+   stage data parallelism (or merging identical pipelines), then recomputation again;
 6. micro-batches twice as large (up to twice in a row, while faster), with the sharding or the per-stage
    recomputation that makes them fit;
 7. experts: ``etp`` in {1, tp} with ``ep`` over ``dp * cp * tp``, each layout also with its all-to-alls overlapped;
@@ -21,7 +19,10 @@ framework makes by default, no slower):
    stage short of ``v`` blocks takes them from the stage with the most);
 9. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
-10. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
+10. ZeRO-2/3 when faster (with the recomputation the freed memory allows);
+11. from :data:`CP_FOR_TP_SEQUENCE` tokens, ``cp = k`` in place of a ``k``-th of each stage's tp (no per-layer
+    tp collectives, ``k`` times the parameters per GPU), on the best plan and, as a branch, on the plan as step 5
+    left it followed by the steps after it (:meth:`Knobs.cp_branch`), with what makes it fit.
 
 Steps 4 (the even split) and 6 reshape a plan; :func:`modernize` runs them inline (the seeds' knobs), while
 :func:`modern_variants` runs the others on every start first and then the reshaping ones, with their own time,
@@ -98,6 +99,7 @@ class Knobs:
     deadline: Deadline | None = None
     work: Work | None = None  # the planner's tally: variants priced and their stages (the work clock)
     reshape: bool = True  # the knobs that move layers or resize micro-batches
+    before_cp: Priced | None = None  # the best plan when the context-parallel knob ran (:meth:`cp_branch`)
 
     def spent(self) -> bool:
         return self.left <= 0 or (self.deadline is not None and self.deadline.expired())
@@ -166,7 +168,7 @@ class Knobs:
             self.fit_if_faster(cand, e)
 
     def context_parallel(self) -> None:
-        self.cp_for_tp()
+        self.before_cp = self.best
         if self.best[0].sequence_length < LONG_SEQUENCE:
             return
         for c in CP_DEGREES:
@@ -177,6 +179,26 @@ class Knobs:
             if not self.offer(cand, est) and est.fits and not recomputes(cand):
                 continue
             self.relax(cand, est)  # less activation memory per GPU: less recomputation
+
+    def cp_branch(self) -> None:
+        """The last knob: :meth:`cp_for_tp` on the best plan, then on the plan as it was at the context-parallel
+        step followed by the knobs after it (interleaving, overlapped all-to-alls, ZeRO), kept where faster. A
+        branch, not a step: the other knobs run on the plans they did without it (taken greedily in its place,
+        the swap cut a 24,576-GPU MoE plan by a fifth: a cp plan faster then, slower once interleaved)."""
+        self.cp_for_tp()
+        start = self.before_cp
+        if start is None or start[0] is self.best[0] or self.spent():
+            return
+        sub = Knobs(self.cm, self.model, self.ok, start, self.left, self.deadline, self.work, self.reshape)
+        sub.cp_for_tp()
+        if sub.best is not start:
+            for step in ([sub.batch] if self.reshape else []) + [sub.interleave, sub.moe_overlap, sub.zero]:
+                if sub.spent():
+                    break
+                step()
+        self.left = sub.left
+        if sub.best is not start:
+            self.offer(*sub.best)
 
     def cp_for_tp(self) -> None:
         """cp ``k`` in place of a ``k``-th of each stage's tp (:func:`cp_for_tp`), for sequences of at least
@@ -382,7 +404,8 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
                   max_estimates, deadline, work, reshape)
     steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel] + \
-        ([knobs.batch] if reshape else []) + [knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero]
+        ([knobs.batch] if reshape else []) + [knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero,
+                                              knobs.cp_branch]
     if recomputes(plan) and replicated(plan):  # short of memory: what ZeRO frees comes first, before the deadline
         steps = [knobs.overlap, knobs.zero] + [s for s in steps if s not in (knobs.overlap, knobs.zero)]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
