@@ -19,10 +19,12 @@ framework makes by default, no slower):
    stage short of ``v`` blocks takes them from the stage with the most);
 9. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
-10. ZeRO-2/3 when faster (with the recomputation the freed memory allows);
-11. from :data:`CP_FOR_TP_SEQUENCE` tokens, ``cp = k`` in place of a ``k``-th of each stage's tp (no per-layer
-    tp collectives, ``k`` times the parameters per GPU), on the best plan and, as a branch, on the plan as step 5
-    left it followed by the steps after it (:meth:`Knobs.cp_branch`), with what makes it fit.
+10. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
+
+From :data:`CP_FOR_TP_SEQUENCE` tokens, the best starts with ``cp = k`` in place of a ``k``-th of their stages'
+tp (no per-layer tp collectives, ``k`` times the parameters per GPU) are starts too, each given every knob above
+(:func:`_cp_starts`, with time of its own): the swap changes what the later knobs can do (a plan faster with it
+can be slower once interleaved), so it opens a search of its own rather than being one greedy step.
 
 Steps 4 (the even split) and 6 reshape a plan; :func:`modernize` runs them inline (the seeds' knobs), while
 :func:`modern_variants` runs the others on every start first and then the reshaping ones, with their own time,
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from arachne.cost import CostModel, Estimate
 from arachne.errors import InputError
@@ -99,7 +101,6 @@ class Knobs:
     deadline: Deadline | None = None
     work: Work | None = None  # the planner's tally: variants priced and their stages (the work clock)
     reshape: bool = True  # the knobs that move layers or resize micro-batches
-    before_cp: Priced | None = None  # the best plan when the context-parallel knob ran (:meth:`cp_branch`)
 
     def spent(self) -> bool:
         return self.left <= 0 or (self.deadline is not None and self.deadline.expired())
@@ -168,7 +169,6 @@ class Knobs:
             self.fit_if_faster(cand, e)
 
     def context_parallel(self) -> None:
-        self.before_cp = self.best
         if self.best[0].sequence_length < LONG_SEQUENCE:
             return
         for c in CP_DEGREES:
@@ -180,30 +180,10 @@ class Knobs:
                 continue
             self.relax(cand, est)  # less activation memory per GPU: less recomputation
 
-    def cp_branch(self) -> None:
-        """The last knob: :meth:`cp_for_tp` on the best plan, then on the plan as it was at the context-parallel
-        step followed by the knobs after it (interleaving, overlapped all-to-alls, ZeRO), kept where faster. A
-        branch, not a step: the other knobs run on the plans they did without it (taken greedily in its place,
-        the swap cut a 24,576-GPU MoE plan by a fifth: a cp plan faster then, slower once interleaved)."""
-        self.cp_for_tp()
-        start = self.before_cp
-        if start is None or start[0] is self.best[0] or self.spent():
-            return
-        sub = Knobs(self.cm, self.model, self.ok, start, self.left, self.deadline, self.work, self.reshape)
-        sub.cp_for_tp()
-        if sub.best is not start:
-            for step in ([sub.batch] if self.reshape else []) + [sub.interleave, sub.moe_overlap, sub.zero]:
-                if sub.spent():
-                    break
-                step()
-        self.left = sub.left
-        if sub.best is not start:
-            self.offer(*sub.best)
-
     def cp_for_tp(self) -> None:
         """cp ``k`` in place of a ``k``-th of each stage's tp (:func:`cp_for_tp`), for sequences of at least
-        :data:`CP_FOR_TP_SEQUENCE` tokens and ``CP_RANK_TOKENS`` per cp rank; the fastest as priced gets the
-        recomputation or sharding it needs (those only add time)."""
+        :data:`CP_FOR_TP_SEQUENCE` tokens and :data:`CP_RANK_TOKENS` per cp rank, kept where faster; the fastest
+        short of memory gets the sharding or recomputation it needs (those only add time)."""
         seq = self.best[0].sequence_length
         if seq < CP_FOR_TP_SEQUENCE:
             return
@@ -404,8 +384,7 @@ def modernize(plan: Plan, est: Estimate, cost_model: CostModel, *, legality: Leg
     knobs = Knobs(cost_model, model, legal_check(legality, plan, cost_model.cluster), (plan, est),
                   max_estimates, deadline, work, reshape)
     steps = [knobs.overlap, knobs.sequence_parallel, knobs.recompute, knobs.context_parallel] + \
-        ([knobs.batch] if reshape else []) + [knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero,
-                                              knobs.cp_branch]
+        ([knobs.batch] if reshape else []) + [knobs.experts, knobs.interleave, knobs.moe_overlap, knobs.zero]
     if recomputes(plan) and replicated(plan):  # short of memory: what ZeRO frees comes first, before the deadline
         steps = [knobs.overlap, knobs.zero] + [s for s in steps if s not in (knobs.overlap, knobs.zero)]
     for step in ([knobs.fp8] if allow_fp8 else []) + steps:
@@ -423,7 +402,8 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
                     allow_fp8: bool = False, deadline: Deadline | None = None, top: int = TOP_PLANS,
                     max_estimates: int = MAX_ESTIMATES,
                     key: Callable[[Estimate], float] | None = None, work: Work | None = None,
-                    extra: int = EXTRA_PLANS, last: bool = True, reshape_s: float | None = None) -> list[Priced]:
+                    extra: int = EXTRA_PLANS, last: bool = True, reshape_s: float | None = None,
+                    cp_s: float | None = None) -> list[Priced]:
     """:func:`modernize` on the ``top`` best version-1 plans of ``results`` (by ``key``, lower is better;
     default: iteration time): the faster variants found (the first plan gets half the deadline, the second
     half of the rest, the third the rest); then, while the deadline lasts (the first ``top`` finished early),
@@ -431,7 +411,9 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
     prices, before the extras, the plan the overlap lifts most (:func:`_lifted`), and, after every start, the
     knobs that reshape a plan (:func:`_reshaped`, within ``reshape_s`` more on the deadline's clock; None: what
     the deadline leaves); a base pass that a longer target extends keeps to the others, since each estimate there
-    shifts the extension (decision 0033). A variant runs on its plan's GPUs, so faster is also cheaper."""
+    shifts the extension (decision 0033). In the last pass, before the reshaping, the first starts with cp in place
+    of part of their tp are given the knobs too (:func:`_cp_starts`, within ``cp_s`` more; None: not tried). A
+    variant runs on its plan's GPUs, so faster is also cheaper."""
     rank = key or (lambda e: e.iteration_time_s)
     results = list(results)
     # (the search's plans: version 1, with sequence parallelism where tp > 1 by the completion's rule)
@@ -454,6 +436,9 @@ def modern_variants(results: Iterable[Priced], cost_model: CostModel, *, legalit
         if i < top:
             firsts.append(better)
         i += 1
+    if last and cp_s is not None:
+        out += _cp_starts(start, top, cost_model, legality, allow_fp8, deadline if deadline is None else
+                          Deadline(cp_s, deadline.clock, deadline.cap), max_estimates, work)
     if last:  # the best plans now and the first starts as the knobs left them, each once (the search, the seeds
         # and the knobs often return one plan as several objects; two plans can share a price)
         pick: list[Priced] = []
@@ -490,6 +475,47 @@ def _reshaped(best: list[Priced], cost_model: CostModel, legality: Legality | No
     return out
 
 
+def _cp_starts(start: list[Priced], top: int, cost_model: CostModel, legality: Legality | None, allow_fp8: bool,
+               deadline: Deadline | None, max_estimates: int, work: Work | None) -> list[Priced]:
+    """Of the first ``top`` starts with a stage of tp > 1, each variant with cp in place of part of its tp
+    (:func:`cp_for_tp`, every degree :data:`CP_FOR_TP_DEGREES` with :data:`CP_RANK_TOKENS` per rank) that fits
+    or is made to fit (:meth:`Knobs.make_fit`), then :func:`modernize` on it: each an equal share of what
+    ``deadline`` has left, the starts in order and each start's degrees from the fastest as priced."""
+    seq = start[0][0].sequence_length if start else 0
+    firsts = [r for r in start[:top] if any(st.tp > 1 for p in r[0].pipelines for st in p.stages)]
+    if not firsts or seq < CP_FOR_TP_SEQUENCE:
+        return []
+    degrees = [k for k in CP_FOR_TP_DEGREES if seq // k >= CP_RANK_TOKENS]
+    out = []
+    for j, (plan, est) in enumerate(firsts):
+        if deadline is not None and deadline.expired():
+            break
+        share = deadline.child(deadline.remaining / (len(firsts) - j)) if deadline is not None else None
+        model = cost_model.resolve_model(plan)
+        ok = legal_check(legality, plan, cost_model.cluster)
+        swaps: list[Priced] = []
+        for k in degrees:
+            knobs = Knobs(cost_model, model, ok, (plan, est), max_estimates, share, work, reshape=False)
+            cand = cp_for_tp(plan, k)
+            e = knobs.price(cand) if cand is not None else None
+            if e is None:
+                continue
+            if not e.fits:  # made to fit against itself: what the sharding or recomputation costs decides
+                knobs.best = (plan, replace(est, iteration_time_s=math.inf))
+                knobs.make_fit(cand, e)
+                cand, e = knobs.best
+            if cand is not plan:
+                swaps.append((cand, e))
+        swaps.sort(key=lambda r: r[1].iteration_time_s)
+        for i, (cand, e) in enumerate(swaps):
+            if share is not None and share.expired():
+                break
+            sub = share.child(share.remaining / (len(swaps) - i)) if share is not None else None
+            out.append(modernize(cand, e, cost_model, legality=legality, allow_fp8=allow_fp8, deadline=sub,
+                                 max_estimates=max_estimates, work=work, reshape=False))
+    return out
+
+
 def _lifted(start: list[Priced], top: int, rank: Callable[[Estimate], float], cost_model: CostModel,
             legality: Legality | None, deadline: Deadline | None, work: Work | None) -> list[Priced]:
     """Of ``start[top:]``, the plan that would be the fastest with its gradient sync hidden (a bound: the overlap
@@ -513,6 +539,9 @@ MODERN_SHARE = 0.1
 """The knobs' work, as a share of the planner's target, on the planner's clock (beyond the target)."""
 RESHAPE_SHARE = 0.025
 """The reshaping knobs' work after the others (:func:`_reshaped`), as a share of the target, beyond theirs."""
+CP_SHARE = 0.15
+"""The starts with cp in place of part of their tp (:func:`_cp_starts`), as a share of the target, beyond the
+knobs' (spent only from :data:`CP_FOR_TP_SEQUENCE` tokens, on plans with tp > 1)."""
 
 
 def fp8_allowed(job) -> bool:
@@ -530,4 +559,5 @@ def modern_pass(results: Iterable[Priced], cost_model: CostModel, job, legality:
     knobs pass."""
     deadline = Deadline(MODERN_SHARE * target_s, clock, cap)
     return modern_variants(results, cost_model, legality=legality, allow_fp8=fp8_allowed(job), deadline=deadline,
-                           key=key, work=work, last=last, reshape_s=RESHAPE_SHARE * target_s)
+                           key=key, work=work, last=last, reshape_s=RESHAPE_SHARE * target_s,
+                           cp_s=CP_SHARE * target_s)
