@@ -135,16 +135,22 @@ def cp_kv_width(model: ModelSpec) -> int:
 
 
 def cp_ring_exposed(network, compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int,
-                    b: float, tp: int, cp: int, groups, gi: int, kernel: str | None = None) -> tuple[float, float]:
+                    b: float, tp: int, cp: int, groups, gi: int, kernel: str | None = None,
+                    rings: dict[int, float] | None = None) -> tuple[float, float]:
     """Exposed seconds of one block's context-parallel ring exchange (forward, backward) for TP group ``gi``
     of a stage (``b``: sequences per rank already divided by cp). Forward: ``cp - 1`` steps, each passing the
     local K/V chunk to the next rank while the step's attention (1/cp of the rank's core) runs; backward:
     ``cp - 1`` steps carrying K/V and dK/dV (twice the bytes) behind the step's backward core. Per step the
     exposed time is ``max(0, comm - compute)`` (ring attention, Liu et al., arXiv 2310.01889; Megatron-Core
-    ``AttnFuncWithCPAndKVP2P``). The ring's slowest hop prices a step."""
+    ``AttnFuncWithCPAndKVP2P``). The ring's slowest hop prices a step. ``rings``: each ring's step time by its
+    index, filled here (the ``cp`` TP groups of one ring share it; the caller keys it by everything else)."""
     d = gi // cp
-    members = [list(groups[d * cp + j]) for j in range(cp)]
-    nbytes = b * seq * cp_kv_width(model) / tp * act_bytes(precision)
-    comm = max(network.p2p_time(members[j], members[(j + 1) % cp], nbytes * len(members[j])) for j in range(cp))
+    comm = rings.get(d) if rings is not None else None
+    if comm is None:
+        members = [list(groups[d * cp + j]) for j in range(cp)]
+        nbytes = b * seq * cp_kv_width(model) / tp * act_bytes(precision)
+        comm = max(network.p2p_time(members[j], members[(j + 1) % cp], nbytes * len(members[j])) for j in range(cp))
+        if rings is not None:
+            rings[d] = comm
     fwd, bwd = compute.attention_core(model, gpu, precision, seq, b, tp, kernel)
     return (cp - 1) * max(0.0, comm - fwd / cp), (cp - 1) * max(0.0, 2 * comm - bwd / cp)

@@ -120,6 +120,7 @@ class CostModel(SyncMixin, PipelineMixin):
         self.network = Network(cluster, calibration.network)
         self._model_cache: dict[str, ModelSpec] = {}
         self._stage_cache: dict[tuple, tuple] = {}
+        self._ring_cache: dict[tuple, dict[int, float]] = {}  # cp rings' step times, by layout and shape
         self.estimates = 0  # plans priced so far (planners report it)
         self.estimated_stages = 0  # their stages and GPUs: the work priced, for work-bounded planners
         self.estimated_devices = 0
@@ -197,7 +198,8 @@ class CostModel(SyncMixin, PipelineMixin):
         eager = eager_mode(plan, st)
         moe_k = getattr(plan, "moe_kernels", None)
         hide_ep = getattr(plan, "overlap_moe_comm", False)
-        key = (model.key, (a, z), self._layout_signature(st), st.tp, st.dp_size, st.ep, mode, k, first, last,
+        sig = self._layout_signature(st)
+        key = (model.key, (a, z), sig, st.tp, st.dp_size, st.ep, mode, k, first, last,
                mbs, plan.precision, plan.sequence_length, et, st.cp, mods, op_sel, kern, eager, moe_k, hide_ep)
         hit = self._stage_cache.get(key)
         if hit is not None:
@@ -214,6 +216,7 @@ class CostModel(SyncMixin, PipelineMixin):
         full = mode == "full" and k == z - a  # the whole stage (chunk): priced exactly as version 1
         worst = None
         a2a: dict[tuple, float] = {}  # each all-to-all ring priced once (its members share it)
+        rings = self._ring_cache.setdefault((model.key, sig, tp, st.cp, b, seq, prec), {}) if st.cp > 1 else None
         for gi, g in enumerate(groups):
             gpu = _slowest([devs[d].gpu for d in g], prec)
             lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager, moe_k)
@@ -268,7 +271,7 @@ class CostModel(SyncMixin, PipelineMixin):
             cp_f = cp_b = 0.0
             if st.cp > 1:  # the K/V ring per block, again for recomputed attention
                 one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
-                                               groups, gi, kern)
+                                               groups, gi, kern, rings)
                 redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
                 cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
             again = rec + (tp_b - tp_f) + (ep_b - ep_f)  # recomputation and its collectives
