@@ -56,15 +56,19 @@ def build() -> argparse.ArgumentParser:
     t.add_argument("--time-budget", type=float, default=None, help="s (default 60)")
     t.add_argument("--model", default="GPT-3-1.3B")
     c = _add(g, "scale", "benchmarks.grid:scale", "every planner on six clusters of 4,096-100,000 GPUs")
-    c.add_argument("--planners", help="comma-separated planner names (default: all installed, +ep for MoE)")
-    c.add_argument("--time-budget", type=float, default=30.0, help="per planner and case, s (default 30)")
-    c.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
-    c.add_argument("--hard-limit", type=float, default=None, help="stop a planner after this many s "
-                                                                   "(default 3 x budget + 60)")
-    c.add_argument("--seed", type=int, default=0)
+    n = _add(g, "nic", "benchmarks.grid:nic", "every planner on 12 clusters of 64-2,048 GPUs with one or two "
+             "NICs per node or one per GPU, at 4k-16k tokens")
+    for q in (c, n):
+        q.add_argument("--planners", help="comma-separated planner names (default: all installed, +ep for MoE)")
+        q.add_argument("--time-budget", type=float, default=30.0, help="per planner and case, s (default 30)")
+        q.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
+        q.add_argument("--hard-limit", type=float, default=None, help="stop a planner after this many s "
+                                                                       "(default 3 x budget + 60)")
+        q.add_argument("--seed", type=int, default=0)
     _out(p, R / "grid")
     _out(t, R / "grid")
     _out(c, R / "grid")
+    _out(n, R / "grid")
 
     g = _group(sub, "sweep", "every planner through the CLI over random production-like clusters")
     p = _add(g, "run", "benchmarks.sweep:run", "draw --n clusters with --seed and run every planner on each")

@@ -408,6 +408,7 @@ from benchmarks.problems import (  # noqa: E402, F401
     GRID_CASES,
     GRID_QUICK,
     LATENCY_TYPES,
+    NIC_CASES,
     NODE_SIZES,
     SCALE_CASES,
     SWEEP_PLANNERS,

@@ -158,17 +158,25 @@ def run(a) -> None:
 
 
 def scale(a) -> None:
-    cases = chosen_cases(common.SCALE_CASES, a, "scale")
+    _per_case(a, common.SCALE_CASES, "scale", "large clusters", "grid-scale")
+
+
+def nic(a) -> None:
+    _per_case(a, common.NIC_CASES, "nic", "clusters by node NIC", "grid-nic")
+
+
+def _per_case(a, all_cases: list[GridCase], name: str, what: str, benchmark: str) -> None:
+    """Every planner on ``all_cases`` (those ``--cases`` names), a table per case; ``name``.json."""
+    cases = chosen_cases(all_cases, a, name)
     rows, wall = run_cases(cases, a)
     for case in cases:  # one table per cluster: 80 columns
         common.print_table(f"{case.name}: {case.gbs} x {case.seq} tokens",
                            [r for r in rows if r["case"] == case.name],
                            ["planner", "gpus_used", "tokens_per_s", "ratio_to_best", "planning_time_s", "timed_out"])
     summary = summarise(rows)
-    print_summary(summary, f"{len(cases)} large clusters, budget {a.time_budget:g} s per planner")
-    common.write_result(a.out, "scale", rows, summary, {"time_budget_s": a.time_budget, "seed": a.seed,
-                                                        "cases": len(cases), "wall_s": wall},
-                        benchmark="grid-scale")
+    print_summary(summary, f"{len(cases)} {what}, budget {a.time_budget:g} s per planner")
+    common.write_result(a.out, name, rows, summary, {"time_budget_s": a.time_budget, "seed": a.seed,
+                                                     "cases": len(cases), "wall_s": wall}, benchmark=benchmark)
 
 
 def timing(a) -> None:

@@ -117,6 +117,24 @@ SCALE_CASES: list[GridCase] = [
     GridCase("h100-100000", (("H100", 12500, 8, None),), "Llama-3.1-70B", 2048, 8192),
 ]
 
+# one or two NICs per node (12.5-100 GB/s) and one per GPU (the catalog's), 64-2,048 GPUs in 8-GPU
+# nodes at 4k-16k tokens (``grid nic``): where a node's GPUs share a thin NIC, cp in place of tp pays (decision
+# 0050). The first two were tuned on; the other ten were drawn as hold-outs (decision 0050 says when)
+NIC_CASES: list[GridCase] = [
+    GridCase("h100-512-eth", (("H100", 64, 8, 50.0),), "Llama-3.1-70B", 256, 8192),
+    GridCase("h100-1024-100", (("H100", 128, 8, 100.0),), "Llama-3.1-70B", 512, 8192),
+    GridCase("a100-256-25", (("A100-80", 32, 8, 25.0),), "Llama-3.1-8B", 512, 8192),
+    GridCase("h200-128-50", (("H200", 16, 8, 50.0),), "Llama-3.1-70B", 128, 16384),
+    GridCase("h100-a100-512", (("H100", 32, 8, 50.0), ("A100-80", 32, 8, 25.0)), "Llama-3.1-70B", 256, 8192),
+    GridCase("h100-256-moe", (("H100", 32, 8, 50.0),), "Mixtral-8x22B", 256, 8192),
+    GridCase("a100-512-25", (("A100-80", 64, 8, 25.0),), "Llama-3.1-70B", 256, 8192),
+    GridCase("h100-2048-50", (("H100", 256, 8, 50.0),), "Llama-3.1-405B", 512, 8192),
+    GridCase("h200-64-50", (("H200", 8, 8, 50.0),), "Llama-3.1-8B", 128, 16384),
+    GridCase("h100-256", (("H100", 32, 8, None),), "Llama-3.1-70B", 256, 8192),
+    GridCase("h100-a100-384-moe", (("H100", 24, 8, 50.0), ("A100-80", 24, 8, 25.0)), "Qwen3-30B-A3B", 256, 4096),
+    GridCase("a100-128-12", (("A100-40", 16, 8, 12.5),), "Llama-3.1-8B", 256, 4096),
+]
+
 
 # ---- random production-like clusters (the robustness sweeps): arachne/planners/arachne/train/production.py
 SWEEP_PLANNERS = ["arachne", "megatron", "megatron-oblivious", "amp", "metis", "flashflex", "sailor"]

@@ -118,6 +118,10 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "grid-scale": ("Large clusters", "every planner on six clusters of 4,096-100,000 GPUs in 8-GPU nodes (dense "
                    "and MoE), each in a forked child at a 30 s budget; throughput relative to the best of the case",
                    "python -m benchmarks grid scale"),
+    "grid-nic": ("Node NICs at 4k-16k tokens", "every planner on 12 clusters of 64-2,048 GPUs in 8-GPU nodes whose "
+                 "GPUs share one or two NICs (25-100 GB/s) or have one each, at 4,096-16,384 tokens, each in a forked "
+                 "child at a 30 s budget; throughput relative to the best of the case",
+                 "python -m benchmarks grid nic"),
     "objectives": ("Objectives and runtime presets", "USD per token under --objective cost vs the baselines' plans; "
                    "--runtime megatron vs the Megatron grid", "python -m benchmarks objectives"),
     "cost-model-activations": ("Activation memory vs autograd's saved tensors", "bytes a real bf16 forward on CPU "
@@ -355,7 +359,7 @@ def result_section(path: Path, doc: dict) -> list[str]:
     if key == "sweep":
         (sw,) = common.load_sweeps([str(path)])
         out += md_table([{"sweep": sw.name, **sweep_stats([sw])}])
-    elif key == "grid-scale":  # few rows: each case's planners, then the summary
+    elif key in ("grid-scale", "grid-nic"):  # few rows: each case's planners, then the summary
         out += md_table(doc.get("rows", []), ["case", "planner", "gpus_used", "tokens_per_s", "ratio_to_best",
                                               "planning_time_s", "timed_out"])
         out += [""] + md_summary(doc.get("summary"))
