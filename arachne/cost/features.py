@@ -134,6 +134,21 @@ def cp_kv_width(model: ModelSpec) -> int:
     return model.num_attention_heads * (model.head_dim + model.v_dim)
 
 
+def cp_ring_step(network, model: ModelSpec, precision: str, seq: int, b: float, tp: int, cp: int, groups, gi: int,
+                 rings: dict[int, float] | None = None) -> float:
+    """Seconds of one step of the context-parallel ring of TP group ``gi`` (each rank passes its K/V chunk to
+    the next; the slowest hop); ``rings``: as for :func:`cp_ring_exposed`."""
+    d = gi // cp
+    comm = rings.get(d) if rings is not None else None
+    if comm is None:
+        members = [list(groups[d * cp + j]) for j in range(cp)]
+        nbytes = b * seq * cp_kv_width(model) / tp * act_bytes(precision)
+        comm = max(network.p2p_time(members[j], members[(j + 1) % cp], nbytes * len(members[j])) for j in range(cp))
+        if rings is not None:
+            rings[d] = comm
+    return comm
+
+
 def cp_ring_exposed(network, compute: ComputeModel, model: ModelSpec, gpu: GPUType, precision: str, seq: int,
                     b: float, tp: int, cp: int, groups, gi: int, kernel: str | None = None,
                     rings: dict[int, float] | None = None) -> tuple[float, float]:
@@ -144,13 +159,6 @@ def cp_ring_exposed(network, compute: ComputeModel, model: ModelSpec, gpu: GPUTy
     exposed time is ``max(0, comm - compute)`` (ring attention, Liu et al., arXiv 2310.01889; Megatron-Core
     ``AttnFuncWithCPAndKVP2P``). The ring's slowest hop prices a step. ``rings``: each ring's step time by its
     index, filled here (the ``cp`` TP groups of one ring share it; the caller keys it by everything else)."""
-    d = gi // cp
-    comm = rings.get(d) if rings is not None else None
-    if comm is None:
-        members = [list(groups[d * cp + j]) for j in range(cp)]
-        nbytes = b * seq * cp_kv_width(model) / tp * act_bytes(precision)
-        comm = max(network.p2p_time(members[j], members[(j + 1) % cp], nbytes * len(members[j])) for j in range(cp))
-        if rings is not None:
-            rings[d] = comm
+    comm = cp_ring_step(network, model, precision, seq, b, tp, cp, groups, gi, rings)
     fwd, bwd = compute.attention_core(model, gpu, precision, seq, b, tp, kernel)
     return (cp - 1) * max(0.0, comm - fwd / cp), (cp - 1) * max(0.0, 2 * comm - bwd / cp)

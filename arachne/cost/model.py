@@ -21,6 +21,7 @@ from arachne.cost.features import (
     attention_core_fwd,
     block_acts_v2,
     cp_ring_exposed,
+    cp_ring_step,
     expert_tp,
     fp8_act_saving,
     fp8_extra_state_bytes,
@@ -217,75 +218,84 @@ class CostModel(SyncMixin, PipelineMixin):
         worst = None
         a2a: dict[tuple, float] = {}  # each all-to-all ring priced once (its members share it)
         rings = self._ring_cache.setdefault((model.key, sig, tp, st.cp, b, seq, prec), {}) if st.cp > 1 else None
+        ids, classes = sig
+        alike: dict[tuple, tuple] = {}  # groups alike (node classes, node sharing, their rings' times) price alike
         for gi, g in enumerate(groups):
-            gpu = _slowest([devs[d].gpu for d in g], prec)
-            lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager, moe_k)
-            f, bw = lc.blocks(a, z)
-            if first:
-                f += lc.emb_fwd
-                bw += lc.emb_bwd
-            if last:
-                f += lc.head_fwd
-                bw += lc.head_bwd
-            rec = 0.0
-            if full:
-                rec = lc.blocks(a, z)[0]
-            elif mode == "full" and k:
-                rec = lc.blocks(a, a + k)[0]
-            elif mode == "selective" and mods is not None:  # the chosen modules (recompute.py)
-                rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods, a,
-                                  z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern), moe_k)
-            elif op_sel:
-                # (a profiled block measured its own kernels: no eager term on its recomputation either)
-                rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp,
-                                                 eager if lc.source == "analytic" else None)
-            elif mode == "selective":
-                rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern)
-            bw += rec
-            tp_f = 0.0
-            per = 0.0
-            if tp > 1 and not lc.includes_tp_comm:
-                nbytes = b * seq * h * act_bytes(prec)
-                per = 2 * self.network.all_reduce_time(g, nbytes)
-                tp_f = per * (z - a) + (per / 2 if first else 0.0) + (per / 2 if last else 0.0)
             ep_f = 0.0
             if n_moe and (et is not None or ep > 1):  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
-                ring, conc = self._expert_a2a_ring(st, g[0], et) if et is not None else \
+                ring, conc = self._expert_a2a_ring(st, gi * tp, et) if et is not None else \
                     ([groups[gi - gi % ep + k2][0] for k2 in range(ep)], tp)
                 if (ring_key := (tuple(ring), conc)) not in a2a:
                     nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
                     a2a[ring_key] = 2 * n_moe * self.network.all_to_all_time(
                         ring, nbytes, concurrent=conc, cross_fraction=self._dispatch_dedup(model, ring))
                 ep_f = a2a[ring_key]
-            if full:
-                tp_b, ep_b = tp_f * 2, ep_f * 2
-            elif mode == "full" and k:  # the recomputed blocks' forward collectives again
-                tp_b = tp_f + per * k
-                ep_b = ep_f + (ep_f * sum(model.moe_layers[a:a + k]) / n_moe if n_moe else 0.0)
-            elif mods is not None:  # a recomputed MLP / MoE layer's forward collectives again
-                n_tp, n_ep = recomputed_collectives(model, mods, a, z)
-                tp_b = tp_f + per / 2 * n_tp
-                ep_b = ep_f + (ep_f * n_ep / n_moe if n_moe else 0.0)
-            else:
-                tp_b, ep_b = tp_f, ep_f
-            cp_f = cp_b = 0.0
-            if st.cp > 1:  # the K/V ring per block, again for recomputed attention
-                one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
-                                               groups, gi, kern, rings)
-                redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
-                cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
-            again = rec + (tp_b - tp_f) + (ep_b - ep_f)  # recomputation and its collectives
-            if hide_ep:  # a forward's all-to-alls under a backward's compute, and the other way round; the
-                # compute under them runs without the dispatcher's SMs (MOE_OVERLAP_SM_SHARE)
-                slow = MOE_OVERLAP_SM_SHARE / (1 - MOE_OVERLAP_SM_SHARE)
-                hid_f, hid_b = min(ep_f, bw + tp_b), min(ep_b, f + tp_f)
-                ep_f, ep_b = ep_f - hid_f * (1 - slow), ep_b - hid_b * (1 - slow)
-                again = min(again, rec + (tp_b - tp_f) + ep_b)
-            fwd, bwd = f + tp_f + ep_f + cp_f, bw + tp_b + ep_b + cp_b
-            cand = (fwd, bwd, f + bw, tp_f + tp_b, ep_f + ep_b, gpu.name, lc.source, again)
-            if st.cp > 1:
-                cand = (*cand, 0.0, cp_f + cp_b)  # [8]: ZeRO-3's slot (pipeline.zero3_row), [9]: cp_comm
-            if worst is None or fwd + bwd > worst[0] + worst[1]:
+            step = cp_ring_step(self.network, model, prec, seq, b, tp, st.cp, groups, gi, rings) if st.cp > 1 else 0.0
+            gids = ids[gi * tp:(gi + 1) * tp]
+            like = (tuple(classes[i] for i in gids), tuple(gids.index(i) for i in gids), ep_f, step)
+            cand = alike.get(like)
+            if cand is None:
+                gpu = _slowest([devs[d].gpu for d in g], prec)
+                lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager, moe_k)
+                f, bw = lc.blocks(a, z)
+                if first:
+                    f += lc.emb_fwd
+                    bw += lc.emb_bwd
+                if last:
+                    f += lc.head_fwd
+                    bw += lc.head_bwd
+                rec = 0.0
+                if full:
+                    rec = lc.blocks(a, z)[0]
+                elif mode == "full" and k:
+                    rec = lc.blocks(a, a + k)[0]
+                elif mode == "selective" and mods is not None:  # the chosen modules (recompute.py)
+                    rec = modules_fwd(self.compute, model, gpu, prec, seq, b, tp, ep, et, st.sequence_parallel, mods,
+                                      a, z, attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern), moe_k)
+                elif op_sel:
+                    # (a profiled block measured its own kernels: no eager term on its recomputation either)
+                    rec = (z - a) * op_selective_fwd(self.compute, model, gpu, prec, seq, b, tp,
+                                                     eager if lc.source == "analytic" else None)
+                elif mode == "selective":
+                    rec = (z - a) * attention_core_fwd(self.compute, model, gpu, prec, seq, b, tp, kern)
+                bw += rec
+                tp_f = 0.0
+                per = 0.0
+                if tp > 1 and not lc.includes_tp_comm:
+                    nbytes = b * seq * h * act_bytes(prec)
+                    per = 2 * self.network.all_reduce_time(g, nbytes)
+                    tp_f = per * (z - a) + (per / 2 if first else 0.0) + (per / 2 if last else 0.0)
+                if full:
+                    tp_b, ep_b = tp_f * 2, ep_f * 2
+                elif mode == "full" and k:  # the recomputed blocks' forward collectives again
+                    tp_b = tp_f + per * k
+                    ep_b = ep_f + (ep_f * sum(model.moe_layers[a:a + k]) / n_moe if n_moe else 0.0)
+                elif mods is not None:  # a recomputed MLP / MoE layer's forward collectives again
+                    n_tp, n_ep = recomputed_collectives(model, mods, a, z)
+                    tp_b = tp_f + per / 2 * n_tp
+                    ep_b = ep_f + (ep_f * n_ep / n_moe if n_moe else 0.0)
+                else:
+                    tp_b, ep_b = tp_f, ep_f
+                cp_f = cp_b = 0.0
+                if st.cp > 1:  # the K/V ring per block, again for recomputed attention
+                    one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
+                                                   groups, gi, kern, rings)
+                    redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
+                    cp_f, cp_b = one_f * (z - a), one_b * (z - a) + one_f * redo
+                again = rec + (tp_b - tp_f) + (ep_b - ep_f)  # recomputation and its collectives
+                g_ep_f = ep_f
+                if hide_ep:  # a forward's all-to-alls under a backward's compute, and the other way round; the
+                    # compute under them runs without the dispatcher's SMs (MOE_OVERLAP_SM_SHARE)
+                    slow = MOE_OVERLAP_SM_SHARE / (1 - MOE_OVERLAP_SM_SHARE)
+                    hid_f, hid_b = min(g_ep_f, bw + tp_b), min(ep_b, f + tp_f)
+                    g_ep_f, ep_b = g_ep_f - hid_f * (1 - slow), ep_b - hid_b * (1 - slow)
+                    again = min(again, rec + (tp_b - tp_f) + ep_b)
+                fwd, bwd = f + tp_f + g_ep_f + cp_f, bw + tp_b + ep_b + cp_b
+                cand = (fwd, bwd, f + bw, tp_f + tp_b, g_ep_f + ep_b, gpu.name, lc.source, again)
+                if st.cp > 1:
+                    cand = (*cand, 0.0, cp_f + cp_b)  # [8]: ZeRO-3's slot (pipeline.zero3_row), [9]: cp_comm
+                alike[like] = cand
+            if worst is None or cand[0] + cand[1] > worst[0] + worst[1]:
                 worst = cand
         self._stage_cache[key] = worst
         return worst
@@ -303,12 +313,11 @@ class CostModel(SyncMixin, PipelineMixin):
             return 1.0
         return _dedup_fraction(model.num_experts, model.experts_top_k, len(ring), tuple(sorted(per_node.values())))
 
-    def _expert_a2a_ring(self, st: Stage, dev: str, etp: int) -> tuple[list[str], int]:
-        """The MoE all-to-all group of ``dev`` when the stage's devices are re-partitioned as ``ep x etp x edp``
-        (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many such groups share
-        its busiest node's network (the stage's devices there over the group's members there)."""
+    def _expert_a2a_ring(self, st: Stage, r: int, etp: int) -> tuple[list[str], int]:
+        """The MoE all-to-all group of the stage's ``r``-th device when the stage's devices are re-partitioned
+        as ``ep x etp x edp`` (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many
+        such groups share its busiest node's network (the stage's devices there over the group's members there)."""
         devices, ep = st.devices, st.ep
-        r = devices.index(dev)
         block = r - r % (ep * etp)
         ring = [devices[block + e * etp + r % etp] for e in range(ep)]
         on_node: dict[str, int] = {}

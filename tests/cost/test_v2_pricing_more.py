@@ -213,10 +213,10 @@ def test_etp_all_to_all_group_and_expert_sync_ring(h100):
     cm = CostModel(h100)
     p = load_plan(V2 / "moe-ep-etp-fp8.json")
     st0 = p.pipelines[0].stages[0]
-    ring, conc = cm._expert_a2a_ring(st0, "h100-0:5", 1)
+    ring, conc = cm._expert_a2a_ring(st0, st0.devices.index("h100-0:5"), 1)
     assert ring == [f"h100-0:{i}" for i in range(4, 8)] and conc == 2
     st2 = st0.model_copy(update={"ep": 2, "etp": 2, "tp": 4, "dp": 2})
-    ring2, _ = cm._expert_a2a_ring(st2, "h100-0:5", 2)
+    ring2, _ = cm._expert_a2a_ring(st2, st2.devices.index("h100-0:5"), 2)
     assert ring2 == ["h100-0:5", "h100-0:7"]
     m = cm.resolve_model(p)
     _, _, stage_times = cm._sync(m, p)
@@ -366,3 +366,29 @@ def test_a_plans_attention_kernel_reaches_its_estimate(h100):
     fa2 = CostModel(h100).estimate(Plan.model_validate(dict(doc, attention_kernel="flash2")))
     assert spelled.iteration_time_s == base.iteration_time_s
     assert fa2.iteration_time_s > base.iteration_time_s
+
+
+@pytest.mark.parametrize("slow_at", [0, 1, 2])
+@pytest.mark.parametrize("cp", [1, 2])
+def test_a_stage_is_as_slow_as_its_slowest_group_wherever_it_sits(slow_at, cp):
+    """Groups alike (node classes, node sharing, their rings) are priced once (CostModel._stage): a TP group on a
+    slower node is priced apart and decides the stage, first, in the middle or last, with and without cp."""
+    from arachne.plan import Pipeline, Stage
+    from arachne.spec.cluster import cluster_from_dict
+
+    cl = cluster_from_dict({"name": "m", "nodes": [{"name": "h{i}", "count": 2, "gpu": "H100", "gpus_per_node": 8},
+                                                   {"name": "a{i}", "count": 1, "gpu": "A100-80",
+                                                    "gpus_per_node": 8}]})
+    nodes = ["h0", "h1"]
+    nodes.insert(slow_at, "a0")
+    devices = tuple(f"{n}:{i}" for n in nodes for i in range(8))
+    stage = Stage(layers=(0, 32), devices=devices, tp=8 // cp, cp=cp, sequence_parallel=True)
+    pipe = Pipeline(micro_batches=4, stages=(stage,))
+    plan = Plan(model="Llama-3.1-8B", global_batch_size=24, sequence_length=8192, micro_batch_size=6, pipelines=(pipe,))
+    est = CostModel(cl).estimate(plan)
+    (row,) = est.stages
+    assert "A100" in row.gpu
+    first = tuple(f"{n}:{i}" for n in ["a0", "h0", "h1"] for i in range(8))
+    ref = plan.model_copy(update={"pipelines": (pipe.model_copy(update={
+        "stages": (stage.model_copy(update={"devices": first}),)}),)})
+    assert CostModel(cl).estimate(ref).iteration_time_s == pytest.approx(est.iteration_time_s, rel=1e-12)
