@@ -36,7 +36,12 @@ class InputError(ValueError):
 
 
 class NoFeasiblePlanError(RuntimeError):
-    """No plan fits the cluster (CLI exit code 3)."""
+    """No plan fits the cluster (CLI exit code 3). ``stats``: the search's statistics (a ``SearchStats``) when it
+    ran and found nothing, for the rows that report it; None when nothing was searched."""
+
+    def __init__(self, message: str, stats: Any = None):
+        super().__init__(message)
+        self.stats = stats
 
 
 def field_path(loc: tuple[Any, ...]) -> str:

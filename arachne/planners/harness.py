@@ -209,15 +209,15 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
         if why is not None:
             runtime = f" (runtime {legality.runtime.name})" if legality is not None else ""
             raise NoFeasiblePlanError(f"{name}: no plan that fits satisfies the rules{runtime}: {why}"
-                                      if not why.startswith("no plan meets") else f"{name}: {why}")
+                                      if not why.startswith("no plan meets") else f"{name}: {why}", result.stats)
         gave_up = result.stats.notes.get("gave_up")
         if gave_up:  # the planner cannot search this input at all (e.g. FlashFlex's graph past its size)
-            raise NoFeasiblePlanError(f"{name} found no plan: {gave_up}")
+            raise NoFeasiblePlanError(f"{name} found no plan: {gave_up}", result.stats)
         msg = memory_shortfall_message(cluster, model, job, name, result.stats.notes.get("closest_unfit"),
                                        result.stats.timed_out)
         if legality is not None and not legality.free:
             msg += f" (searching only plans the {legality.runtime.name} runtime and the constraints allow)"
-        raise NoFeasiblePlanError(msg)
+        raise NoFeasiblePlanError(msg, result.stats)
     plan, est = chosen
     if plan.planner and plan.planner != name:  # a planner may offer another's plans (arachne: a framework's grid)
         result.stats.notes["chosen_from"] = plan.planner
@@ -289,8 +289,11 @@ def run_compare(cluster: Cluster, model: ModelSpec, job: Job, planners: list[str
             stats = result.stats
             rows.append(CompareRow(name, plan, est, stats.wall_time_s, stats.plans_priced, None, stats.timed_out,
                                    stats.candidates, dict(stats.notes)))
-        except NoFeasiblePlanError as exc:
-            rows.append(CompareRow(name, None, None, time.perf_counter() - t0, cm.estimates, str(exc)))
+        except NoFeasiblePlanError as exc:  # the search's own statistics where it ran (timed out, candidates)
+            st = exc.stats
+            rows.append(CompareRow(name, None, None, time.perf_counter() - t0, cm.estimates, str(exc),
+                                   st.timed_out if st is not None else False, st.candidates if st is not None else 0,
+                                   dict(st.notes) if st is not None else {}))
     return rows
 
 

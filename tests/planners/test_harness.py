@@ -40,6 +40,26 @@ def test_run_compare_rows_and_failures() -> None:
     assert big[0].plan is None and "no plan fits" in big[0].error
 
 
+def test_a_search_that_found_nothing_keeps_its_statistics_in_the_row(monkeypatch) -> None:
+    """A planner that searched and found no plan: its row says whether it timed out and what it looked at
+    (the benchmarks' tables read them); a problem refused before any search has none."""
+    from arachne.planners.baselines.megatron import MegatronPlanner
+    from arachne.planners.protocol import PlannerResult, SearchStats
+
+    def nothing(self, cluster, model, job, cost_model, budget):
+        return PlannerResult([], [], SearchStats(candidates=7, timed_out=True, notes={"gave_up": "too large"}))
+
+    monkeypatch.setattr(MegatronPlanner, "plan", nothing)
+    c = cluster_from_dict(CLUSTER)
+    (row,) = run_compare(c, load_model("OPT-350M"), Job(global_batch_size=64, sequence_length=2048), ["megatron"],
+                         SearchBudget(time_budget_s=5))
+    assert row.plan is None and "too large" in row.error
+    assert row.timed_out and row.candidates == 7 and row.notes["gave_up"] == "too large"
+    (early,) = run_compare(c, load_model("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048), ["megatron"],
+                           SearchBudget(time_budget_s=5))
+    assert early.plan is None and not early.timed_out and early.candidates == 0
+
+
 def test_default_planners_add_ep_variants_for_moe() -> None:
     dense, moe = default_planners(load_model("OPT-350M")), default_planners(load_model("Mixtral-8x7B"))
     assert "megatron" in dense and "metis+ep" not in dense
