@@ -213,6 +213,12 @@ def run_planner(name: str, cluster: Cluster, model: ModelSpec, job: Job, cost_mo
         gave_up = result.stats.notes.get("gave_up")
         if gave_up:  # the planner cannot search this input at all (e.g. FlashFlex's graph past its size)
             raise NoFeasiblePlanError(f"{name} found no plan: {gave_up}", result.stats)
+        if result.stats.candidates == 0 and result.stats.plans_priced == 0:  # the cost model never saw a layout
+            raise NoFeasiblePlanError(
+                f"{name} found no plan within the time budget: it priced no layout" if result.stats.timed_out else
+                f"{name} found no plan: it priced no layout (none of its search space passed its own shape and "
+                f"memory checks for {cluster.num_gpus:,} GPUs, a global batch of {job.global_batch_size} and "
+                f"{model.num_layers} layers)", result.stats)
         msg = memory_shortfall_message(cluster, model, job, name, result.stats.notes.get("closest_unfit"),
                                        result.stats.timed_out)
         if legality is not None and not legality.free:

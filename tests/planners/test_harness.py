@@ -58,6 +58,12 @@ def test_a_search_that_found_nothing_keeps_its_statistics_in_the_row(monkeypatch
     (early,) = run_compare(c, load_model("LLaMA-2-70B"), Job(global_batch_size=64, sequence_length=2048), ["megatron"],
                            SearchBudget(time_budget_s=5))
     assert early.plan is None and not early.timed_out and early.candidates == 0
+    # a search that priced no layout does not blame memory for it
+    monkeypatch.setattr(MegatronPlanner, "plan", lambda *_a: PlannerResult([], [], SearchStats()))
+    (none,) = run_compare(c, load_model("OPT-350M"), Job(global_batch_size=64, sequence_length=2048), ["megatron"],
+                          SearchBudget(time_budget_s=5))
+    assert "it priced no layout" in none.error and "8 GPUs, a global batch of 64" in none.error
+    assert "fits in memory" not in none.error
 
 
 def test_default_planners_add_ep_variants_for_moe() -> None:
