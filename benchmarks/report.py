@@ -119,7 +119,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                    "and MoE), each in a forked child at a 30 s budget; throughput relative to the best of the case",
                    "python -m benchmarks grid scale"),
     "grid-nic": ("Node NICs at 4k-16k tokens", "every planner on 12 clusters of 64-2,048 GPUs in 8-GPU nodes whose "
-                 "GPUs share one or two NICs (25-100 GB/s) or have one each, at 4,096-16,384 tokens, each in a forked "
+                 "GPUs share one or two NICs (12.5-100 GB/s) or have one each, at 4,096-16,384 tokens, each in a forked "
                  "child at a 30 s budget; throughput relative to the best of the case",
                  "python -m benchmarks grid nic"),
     "objectives": ("Objectives and runtime presets", "USD per token under --objective cost vs the baselines' plans; "
