@@ -220,10 +220,14 @@ class CostModel(SyncMixin, PipelineMixin):
         rings = self._ring_cache.setdefault((model.key, sig, tp, st.cp, b, seq, prec), {}) if st.cp > 1 else None
         ids, classes = sig
         alike: dict[tuple, tuple] = {}  # groups alike (node classes, node sharing, their rings' times) price alike
+        stage_on: dict[str, int] = {}  # the stage's devices per node (the expert rings' sharing), counted once
+        if n_moe and et is not None:
+            for d in st.devices:
+                stage_on[self._dev_node[d]] = stage_on.get(self._dev_node[d], 0) + 1
         for gi, g in enumerate(groups):
             ep_f = 0.0
             if n_moe and (et is not None or ep > 1):  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
-                ring, conc = self._expert_a2a_ring(st, gi * tp, et) if et is not None else \
+                ring, conc = self._expert_a2a_ring(st, gi * tp, et, stage_on) if et is not None else \
                     ([groups[gi - gi % ep + k2][0] for k2 in range(ep)], tp)
                 if (ring_key := (tuple(ring), conc)) not in a2a:
                     nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
@@ -313,17 +317,20 @@ class CostModel(SyncMixin, PipelineMixin):
             return 1.0
         return _dedup_fraction(model.num_experts, model.experts_top_k, len(ring), tuple(sorted(per_node.values())))
 
-    def _expert_a2a_ring(self, st: Stage, r: int, etp: int) -> tuple[list[str], int]:
+    def _expert_a2a_ring(self, st: Stage, r: int, etp: int,
+                         stage_on: dict[str, int] | None = None) -> tuple[list[str], int]:
         """The MoE all-to-all group of the stage's ``r``-th device when the stage's devices are re-partitioned
         as ``ep x etp x edp`` (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many
-        such groups share its busiest node's network (the stage's devices there over the group's members there)."""
+        such groups share its busiest node's network (the stage's devices there over the group's members there).
+        ``stage_on``: the stage's devices per node, when the caller has counted them."""
         devices, ep = st.devices, st.ep
         block = r - r % (ep * etp)
         ring = [devices[block + e * etp + r % etp] for e in range(ep)]
         on_node: dict[str, int] = {}
         for d in ring:
             on_node[self._dev_node[d]] = on_node.get(self._dev_node[d], 0) + 1
-        stage_on = {n: sum(1 for d in devices if self._dev_node[d] == n) for n in on_node}
+        if stage_on is None:
+            stage_on = {n: sum(1 for d in devices if self._dev_node[d] == n) for n in on_node}
         return ring, max(1, max(stage_on[n] // on_node[n] for n in on_node))
 
     # ---- memory ---------------------------------------------------------------------------------
