@@ -19,7 +19,9 @@ framework makes by default, no slower):
    stage short of ``v`` blocks takes them from the stage with the most);
 9. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
-10. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
+10. ZeRO-2/3 when faster (with the recomputation the freed memory allows); ZeRO-0 (the plain all-reduce) on a
+    plan at 1 that recomputes nothing, when faster (behind a thin NIC the cost model can price the all-reduce
+    below the distributed optimizer's reduce-scatter and gather).
 
 From :data:`CP_FOR_TP_SEQUENCE` tokens, the best starts with ``cp = k`` in place of a ``k``-th of their stages'
 tp (no per-layer tp collectives, ``k`` times the parameters per GPU) are starts too, each given every knob above
@@ -180,24 +182,6 @@ class Knobs:
                 continue
             self.relax(cand, est)  # less activation memory per GPU: less recomputation
 
-    def cp_for_tp(self) -> None:
-        """cp ``k`` in place of a ``k``-th of each stage's tp (:func:`cp_for_tp`), for sequences of at least
-        :data:`CP_FOR_TP_SEQUENCE` tokens and :data:`CP_RANK_TOKENS` per cp rank, kept where faster; the fastest
-        short of memory gets the sharding or recomputation it needs (those only add time)."""
-        seq = self.best[0].sequence_length
-        if seq < CP_FOR_TP_SEQUENCE:
-            return
-        short: Priced | None = None
-        for k in (k for k in CP_FOR_TP_DEGREES if seq // k >= CP_RANK_TOKENS):
-            cand = cp_for_tp(self.best[0], k)
-            est = self.price(cand) if cand is not None else None
-            if est is None or self.offer(cand, est):
-                continue
-            if not est.fits and (short is None or est.iteration_time_s < short[1].iteration_time_s):
-                short = (cand, est)
-        if short is not None:
-            self.fit_if_faster(*short)
-
     def batch(self) -> None:
         """Larger micro-batches (twice, then twice again while that is faster), with the recomputation or the
         sharding that makes them fit: the completion recomputes only where nothing fits without it, so a
@@ -293,6 +277,9 @@ class Knobs:
             # the recomputation their memory savings allow
             if est is not None and not self.offer(cand, est, ties=z == 1) and recomputes(cand):
                 self.relax(cand, est)
+        plan = self.best[0]
+        if plan.zero_stage == 1 and not recomputes(plan):  # the all-reduce where it is faster (kept only then)
+            self.offer(with_pipelines(plan, plan.pipelines, zero_stage=0, overlap_param_gather=False))
 
     # -- per-stage recomputation
     def relax(self, plan: Plan, est: Estimate) -> None:
@@ -478,8 +465,9 @@ def _reshaped(best: list[Priced], cost_model: CostModel, legality: Legality | No
 def _cp_starts(start: list[Priced], top: int, cost_model: CostModel, legality: Legality | None, allow_fp8: bool,
                deadline: Deadline | None, max_estimates: int, work: Work | None) -> list[Priced]:
     """Of the first ``top`` starts with a stage of tp > 1, each variant with cp in place of part of its tp
-    (:func:`cp_for_tp`, every degree :data:`CP_FOR_TP_DEGREES` with :data:`CP_RANK_TOKENS` per rank) that fits
-    or is made to fit (:meth:`Knobs.make_fit`), then :func:`modernize` on it: each an equal share of what
+    (:func:`cp_for_tp`, every degree :data:`CP_FOR_TP_DEGREES` from :data:`CP_FOR_TP_SEQUENCE` tokens with
+    :data:`CP_RANK_TOKENS` per rank) that fits or is made to fit (:meth:`Knobs.make_fit`), then :func:`modernize`
+    on it: each an equal share of what
     ``deadline`` has left, the starts in order and each start's degrees from the fastest as priced."""
     seq = start[0][0].sequence_length if start else 0
     firsts = [r for r in start[:top] if any(st.tp > 1 for p in r[0].pipelines for st in p.stages)]
@@ -500,8 +488,8 @@ def _cp_starts(start: list[Priced], top: int, cost_model: CostModel, legality: L
             e = knobs.price(cand) if cand is not None else None
             if e is None:
                 continue
-            if not e.fits:  # made to fit against itself: what the sharding or recomputation costs decides
-                knobs.best = (plan, replace(est, iteration_time_s=math.inf))
+            if not e.fits:  # made to fit, compared only with its own variants (the sharding or recomputation)
+                knobs.best = (plan, replace(est, iteration_time_s=math.inf))  # any fitting variant is kept
                 knobs.make_fit(cand, e)
                 cand, e = knobs.best
             if cand is not plan:
