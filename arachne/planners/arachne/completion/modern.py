@@ -19,9 +19,7 @@ framework makes by default, no slower):
    stage short of ``v`` blocks takes them from the stage with the most);
 9. overlapped expert all-to-alls (``overlap_moe_comm``) where a stage has ``ep > 1``, also interleaved and with
    selective recomputation (what Megatron-Core's pairing needs), with the recomputation its memory needs;
-10. ZeRO-2/3 when faster (with the recomputation the freed memory allows); ZeRO-0 (the plain all-reduce) on a
-    plan at 1 that recomputes nothing, when faster (behind a thin NIC the cost model can price the all-reduce
-    below the distributed optimizer's reduce-scatter and gather).
+10. ZeRO-2/3 when faster (with the recomputation the freed memory allows).
 
 From :data:`CP_FOR_TP_SEQUENCE` tokens, the best starts with ``cp = k`` in place of a ``k``-th of their stages'
 tp (no per-layer tp collectives, ``k`` times the parameters per GPU) are starts too, each given every knob above
@@ -277,9 +275,6 @@ class Knobs:
             # the recomputation their memory savings allow
             if est is not None and not self.offer(cand, est, ties=z == 1) and recomputes(cand):
                 self.relax(cand, est)
-        plan = self.best[0]
-        if plan.zero_stage == 1 and not recomputes(plan):  # the all-reduce where it is faster (kept only then)
-            self.offer(with_pipelines(plan, plan.pipelines, zero_stage=0, overlap_param_gather=False))
 
     # -- per-stage recomputation
     def relax(self, plan: Plan, est: Estimate) -> None:
@@ -467,8 +462,8 @@ def _cp_starts(start: list[Priced], top: int, cost_model: CostModel, legality: L
     """Of the first ``top`` starts with a stage of tp > 1, each variant with cp in place of part of its tp
     (:func:`cp_for_tp`, every degree :data:`CP_FOR_TP_DEGREES` from :data:`CP_FOR_TP_SEQUENCE` tokens with
     :data:`CP_RANK_TOKENS` per rank) that fits or is made to fit (:meth:`Knobs.make_fit`), then :func:`modernize`
-    on it: each an equal share of what
-    ``deadline`` has left, the starts in order and each start's degrees from the fastest as priced."""
+    on it: each an equal share of what ``deadline`` has left, the starts in order and each start's degrees from
+    the fastest as priced."""
     seq = start[0][0].sequence_length if start else 0
     firsts = [r for r in start[:top] if any(st.tp > 1 for p in r[0].pipelines for st in p.stages)]
     if not firsts or seq < CP_FOR_TP_SEQUENCE:
