@@ -9,13 +9,12 @@ Primitives are cached by value, so re-pricing similar plans is cheap.
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
 from typing import Self
 
 from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_OVERLAP_SM_SHARE, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
 from arachne.cost.estimate import Estimate, StageEstimate
+from arachne.cost.expert_comm import dispatch_dedup, expert_a2a_ring
 from arachne.cost.features import (
     FP8_WEIGHT_COPY_BYTES,
     attention_core_fwd,
@@ -73,21 +72,6 @@ def eager_mode(plan, st: Stage) -> str | None:
     if getattr(plan, "elementwise_kernels", None) != "eager":
         return None
     return "split" if st.sequence_parallel or st.tp == 1 else "replicated"
-
-
-@lru_cache(maxsize=4096)
-def _dedup_fraction(experts: int, k: int, n: int, members: tuple[int, ...]) -> float:
-    """Cross-node bytes of a node-deduplicated dispatch over those of a per-expert one, for a member on the
-    node with the most members (``members``: the ring's members per node)."""
-    own = max(members)
-    k = min(k, experts)
-    per_expert = k * (n - own) / n  # copies of a token that leave its node, one per remote expert
-    if per_expert <= 0:
-        return 1.0
-    total = math.comb(experts, k)
-    nodes = sum(1 - math.comb(experts - round(experts * m / n), k) / total for m in members)
-    nodes -= 1 - math.comb(experts - round(experts * own / n), k) / total  # its own node is not crossed to
-    return min(1.0, nodes / per_expert)
 
 
 def _slowest(gpus: list[GPUType], precision: str) -> GPUType:
@@ -227,12 +211,12 @@ class CostModel(SyncMixin, PipelineMixin):
         for gi, g in enumerate(groups):
             ep_f = 0.0
             if n_moe and (et is not None or ep > 1):  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
-                ring, conc = self._expert_a2a_ring(st, gi * tp, et, stage_on) if et is not None else \
+                ring, conc = expert_a2a_ring(self._dev_node, st, gi * tp, et, stage_on) if et is not None else \
                     ([groups[gi - gi % ep + k2][0] for k2 in range(ep)], tp)
                 if (ring_key := (tuple(ring), conc)) not in a2a:
                     nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
                     a2a[ring_key] = 2 * n_moe * self.network.all_to_all_time(
-                        ring, nbytes, concurrent=conc, cross_fraction=self._dispatch_dedup(model, ring))
+                        ring, nbytes, concurrent=conc, cross_fraction=dispatch_dedup(self._dev_node, model, ring))
                 ep_f = a2a[ring_key]
             step = cp_ring_step(self.network, model, prec, seq, b, tp, st.cp, groups, gi, rings) if st.cp > 1 else 0.0
             gids = ids[gi * tp:(gi + 1) * tp]
@@ -303,35 +287,6 @@ class CostModel(SyncMixin, PipelineMixin):
                 worst = cand
         self._stage_cache[key] = worst
         return worst
-
-    def _dispatch_dedup(self, model: ModelSpec, ring: list[str]) -> float:
-        """The share of an MoE dispatch's cross-node bytes that a node-deduplicating dispatcher sends: a token
-        crosses to each other node that hosts at least one of its ``k`` experts once (DeepEP, Megatron-Core's
-        ``flex`` dispatcher; forwarded over the node's own links there), instead of once per chosen expert.
-        With uniform routing over ``E`` experts spread evenly over the ring's nodes, a node hosting ``E_n`` of
-        them is hit with probability ``1 - C(E - E_n, k) / C(E, k)``."""
-        per_node: dict[str, int] = {}
-        for d in ring:
-            per_node[self._dev_node[d]] = per_node.get(self._dev_node[d], 0) + 1
-        if len(per_node) <= 1:
-            return 1.0
-        return _dedup_fraction(model.num_experts, model.experts_top_k, len(ring), tuple(sorted(per_node.values())))
-
-    def _expert_a2a_ring(self, st: Stage, r: int, etp: int,
-                         stage_on: dict[str, int] | None = None) -> tuple[list[str], int]:
-        """The MoE all-to-all group of the stage's ``r``-th device when the stage's devices are re-partitioned
-        as ``ep x etp x edp`` (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many
-        such groups share its busiest node's network (the stage's devices there over the group's members there).
-        ``stage_on``: the stage's devices per node, when the caller has counted them."""
-        devices, ep = st.devices, st.ep
-        block = r - r % (ep * etp)
-        ring = [devices[block + e * etp + r % etp] for e in range(ep)]
-        on_node: dict[str, int] = {}
-        for d in ring:
-            on_node[self._dev_node[d]] = on_node.get(self._dev_node[d], 0) + 1
-        if stage_on is None:
-            stage_on = {n: sum(1 for d in devices if self._dev_node[d] == n) for n in on_node}
-        return ring, max(1, max(stage_on[n] // on_node[n] for n in on_node))
 
     # ---- memory ---------------------------------------------------------------------------------
     def stage_memory(self, model: ModelSpec, layers: tuple[int, int], first: bool, last: bool, num_stages: int,

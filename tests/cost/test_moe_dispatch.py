@@ -1,4 +1,4 @@
-"""The MoE dispatch's cross-node bytes when a token is sent once per destination node (model._dedup_fraction)."""
+"""The MoE dispatch's cross-node bytes when a token is sent once per destination node (expert_comm.dedup_fraction)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arachne.cost.model import _dedup_fraction
+from arachne.cost.expert_comm import dedup_fraction as _dedup_fraction
 
 
 def test_two_nodes_hand_computed():

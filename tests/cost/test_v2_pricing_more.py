@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from arachne.cost import CostModel
 from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_LAYER_PASSES
 from arachne.cost.compute import ComputeModel
+from arachne.cost.expert_comm import expert_a2a_ring
 from arachne.cost.features import (
     TE_AMAX_HISTORY_LEN,
     attention_core_fwd,
@@ -213,10 +214,10 @@ def test_etp_all_to_all_group_and_expert_sync_ring(h100):
     cm = CostModel(h100)
     p = load_plan(V2 / "moe-ep-etp-fp8.json")
     st0 = p.pipelines[0].stages[0]
-    ring, conc = cm._expert_a2a_ring(st0, st0.devices.index("h100-0:5"), 1)
+    ring, conc = expert_a2a_ring(cm._dev_node, st0, st0.devices.index("h100-0:5"), 1)
     assert ring == [f"h100-0:{i}" for i in range(4, 8)] and conc == 2
     st2 = st0.model_copy(update={"ep": 2, "etp": 2, "tp": 4, "dp": 2})
-    ring2, _ = cm._expert_a2a_ring(st2, st2.devices.index("h100-0:5"), 2)
+    ring2, _ = expert_a2a_ring(cm._dev_node, st2, st2.devices.index("h100-0:5"), 2)
     assert ring2 == ["h100-0:5", "h100-0:7"]
     m = cm.resolve_model(p)
     _, _, stage_times = cm._sync(m, p)
