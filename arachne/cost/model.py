@@ -204,13 +204,15 @@ class CostModel(SyncMixin, PipelineMixin):
         rings = self._ring_cache.setdefault((model.key, sig, tp, st.cp, b, seq, prec), {}) if st.cp > 1 else None
         ids, classes = sig
         alike: dict[tuple, tuple] = {}  # groups alike (node classes, node sharing, their rings' times) price alike
+        has_cp, moe = st.cp > 1, bool(n_moe) and (et is not None or ep > 1)
+        memo = tp > 1 or has_cp or moe
         stage_on: dict[str, int] = {}  # the stage's devices per node (the expert rings' sharing), counted once
         if n_moe and et is not None:
             for d in st.devices:
                 stage_on[self._dev_node[d]] = stage_on.get(self._dev_node[d], 0) + 1
         for gi, g in enumerate(groups):
             ep_f = 0.0
-            if n_moe and (et is not None or ep > 1):  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
+            if moe:  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
                 ring, conc = expert_a2a_ring(self._dev_node, st, gi * tp, et, stage_on) if et is not None else \
                     ([groups[gi - gi % ep + k2][0] for k2 in range(ep)], tp)
                 if (ring_key := (tuple(ring), conc)) not in a2a:
@@ -218,10 +220,12 @@ class CostModel(SyncMixin, PipelineMixin):
                     a2a[ring_key] = 2 * n_moe * self.network.all_to_all_time(
                         ring, nbytes, concurrent=conc, cross_fraction=dispatch_dedup(self._dev_node, model, ring))
                 ep_f = a2a[ring_key]
-            step = cp_ring_step(self.network, model, prec, seq, b, tp, st.cp, groups, gi, rings) if st.cp > 1 else 0.0
-            gids = ids[gi * tp:(gi + 1) * tp]
-            like = (tuple(classes[i] for i in gids), tuple(gids.index(i) for i in gids), ep_f, step)
-            cand = alike.get(like)
+            step = cp_ring_step(self.network, model, prec, seq, b, tp, st.cp, groups, gi, rings) if has_cp else 0.0
+            like = cand = None
+            if memo:  # (a lone GPU's row without collectives is cheaper to price than to look up)
+                gids = ids[gi * tp:(gi + 1) * tp]
+                like = (tuple(classes[i] for i in gids), tuple(gids.index(i) for i in gids), ep_f, step)
+                cand = alike.get(like)
             if cand is None:
                 gpu = _slowest([devs[d].gpu for d in g], prec)
                 lc = self.layer_costs(model, gpu, prec, seq, b, tp, ep, et, kern, eager, moe_k)
@@ -265,7 +269,7 @@ class CostModel(SyncMixin, PipelineMixin):
                 else:
                     tp_b, ep_b = tp_f, ep_f
                 cp_f = cp_b = 0.0
-                if st.cp > 1:  # the K/V ring per block, again for recomputed attention
+                if has_cp:  # the K/V ring per block, again for recomputed attention
                     one_f, one_b = cp_ring_exposed(self.network, self.compute, model, gpu, prec, seq, b, tp, st.cp,
                                                    groups, gi, kern, rings)
                     redo = (z - a) if full or (mode == "selective" and not op_sel) else (k if mode == "full" else 0)
@@ -280,9 +284,10 @@ class CostModel(SyncMixin, PipelineMixin):
                     again = min(again, rec + (tp_b - tp_f) + ep_b)
                 fwd, bwd = f + tp_f + g_ep_f + cp_f, bw + tp_b + ep_b + cp_b
                 cand = (fwd, bwd, f + bw, tp_f + tp_b, g_ep_f + ep_b, gpu.name, lc.source, again)
-                if st.cp > 1:
+                if has_cp:
                     cand = (*cand, 0.0, cp_f + cp_b)  # [8]: ZeRO-3's slot (pipeline.zero3_row), [9]: cp_comm
-                alike[like] = cand
+                if like is not None:
+                    alike[like] = cand
             if worst is None or cand[0] + cand[1] > worst[0] + worst[1]:
                 worst = cand
         self._stage_cache[key] = worst
