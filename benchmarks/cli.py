@@ -58,7 +58,9 @@ def build() -> argparse.ArgumentParser:
     c = _add(g, "scale", "benchmarks.grid:scale", "every planner on six clusters of 4,096-100,000 GPUs")
     n = _add(g, "nic", "benchmarks.grid:nic", "every planner on 12 clusters of 64-2,048 GPUs with one or two "
              "NICs per node or one per GPU, at 4k-16k tokens")
-    for q in (c, n):
+    st = _add(g, "starved", "benchmarks.grid:starved", "every planner on nine clusters of 1,024-100,000 GPUs whose "
+              "batch leaves GPUs idle at one stage of node-wide tp")
+    for q in (c, n, st):
         q.add_argument("--planners", help="comma-separated planner names (default: all installed, +ep for MoE)")
         q.add_argument("--time-budget", type=float, default=30.0, help="per planner and case, s (default 30)")
         q.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
@@ -69,6 +71,7 @@ def build() -> argparse.ArgumentParser:
     _out(t, R / "grid")
     _out(c, R / "grid")
     _out(n, R / "grid")
+    _out(st, R / "grid")
 
     g = _group(sub, "sweep", "every planner through the CLI over random production-like clusters")
     p = _add(g, "run", "benchmarks.sweep:run", "draw --n clusters with --seed and run every planner on each")

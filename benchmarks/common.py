@@ -411,6 +411,7 @@ from benchmarks.problems import (  # noqa: E402, F401
     NIC_CASES,
     NODE_SIZES,
     SCALE_CASES,
+    STARVED_CASES,
     SWEEP_PLANNERS,
     TIERS,
     TIMING_PLANNERS,

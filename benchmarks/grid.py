@@ -7,7 +7,8 @@ caches; one that overruns its budget by far is stopped). Prints per planner the 
 relative to the best planner of each case (over the cases it solved), the median planning time and the share
 of cases where it found no fitting plan. ``grid timing``: planning time of the search baselines at 64, 256
 and 512 GPUs. ``grid scale``: every planner on six clusters of 4,096 to 100,000 GPUs (the same children,
-ratios and summary as ``grid run``).
+ratios and summary as ``grid run``); ``grid nic``: on twelve clusters by node NIC; ``grid starved``: on nine
+clusters whose batch leaves GPUs idle at one stage of node-wide tp.
 """
 
 from __future__ import annotations
@@ -163,6 +164,10 @@ def scale(a) -> None:
 
 def nic(a) -> None:
     _per_case(a, common.NIC_CASES, "nic", "clusters by node NIC", "grid-nic")
+
+
+def starved(a) -> None:
+    _per_case(a, common.STARVED_CASES, "starved", "clusters past their batch", "grid-starved")
 
 
 def _per_case(a, all_cases: list[GridCase], name: str, what: str, benchmark: str) -> None:

@@ -136,6 +136,21 @@ NIC_CASES: list[GridCase] = [
 ]
 
 
+# a batch too small for its cluster (``grid starved``): a GPU type holds more GPUs than the batch fills at one stage
+# of node-wide tp per sequence (decision 0052). h100-100000 (the ``grid scale`` case) was tuned on; the others were
+# drawn as hold-outs before the family was run on them
+STARVED_CASES: list[GridCase] = [
+    GridCase("h100-100000", (("H100", 12500, 8, None),), "Llama-3.1-70B", 2048, 8192),
+    GridCase("h100-8192", (("H100", 1024, 8, None),), "Llama-3.1-8B", 512, 8192),
+    GridCase("a100-2048", (("A100-80", 256, 8, None),), "Llama-3.1-8B", 128, 4096),
+    GridCase("h100-16384-405b", (("H100", 2048, 8, None),), "Llama-3.1-405B", 1024, 8192),
+    GridCase("h200-4096-moe", (("H200", 512, 8, None),), "Qwen3-30B-A3B", 256, 8192),
+    GridCase("h100-a100-8192", (("H100", 512, 8, None), ("A100-80", 512, 8, None)), "Llama-3.1-70B", 256, 8192),
+    GridCase("b200-2048", (("B200-180GB", 256, 8, None),), "Llama-3.1-70B", 128, 16384),
+    GridCase("h100-32768-eth", (("H100", 4096, 8, 50.0),), "Llama-3.1-70B", 1024, 8192),
+    GridCase("h100-1024", (("H100", 128, 8, None),), "Llama-3.1-70B", 64, 4096),
+]
+
 # ---- random production-like clusters (the robustness sweeps): arachne/planners/arachne/train/production.py
 SWEEP_PLANNERS = ["arachne", "megatron", "megatron-oblivious", "amp", "metis", "flashflex", "sailor"]
 

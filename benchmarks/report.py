@@ -122,6 +122,10 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                  "GPUs share one or two NICs (12.5-100 GB/s) or have one each, at 4,096-16,384 tokens, each in a forked "
                  "child at a 30 s budget; throughput relative to the best of the case",
                  "python -m benchmarks grid nic"),
+    "grid-starved": ("Clusters past their batch", "every planner on nine clusters of 1,024-100,000 GPUs whose GPUs "
+                     "of a type outnumber the batch's sequences times the node size (dense and MoE, 4k-16k tokens), "
+                     "each in a forked child at a 30 s budget; throughput relative to the best of the case",
+                     "python -m benchmarks grid starved"),
     "objectives": ("Objectives and runtime presets", "USD per token under --objective cost vs the baselines' plans; "
                    "--runtime megatron vs the Megatron grid", "python -m benchmarks objectives"),
     "cost-model-activations": ("Activation memory vs autograd's saved tensors", "bytes a real bf16 forward on CPU "
@@ -359,7 +363,7 @@ def result_section(path: Path, doc: dict) -> list[str]:
     if key == "sweep":
         (sw,) = common.load_sweeps([str(path)])
         out += md_table([{"sweep": sw.name, **sweep_stats([sw])}])
-    elif key in ("grid-scale", "grid-nic"):  # few rows: each case's planners, then the summary
+    elif key in ("grid-scale", "grid-nic", "grid-starved"):  # few rows: each case's planners, then the summary
         out += md_table(doc.get("rows", []), ["case", "planner", "gpus_used", "tokens_per_s", "ratio_to_best",
                                               "planning_time_s", "timed_out"])
         out += [""] + md_summary(doc.get("summary"))

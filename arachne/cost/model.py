@@ -120,12 +120,20 @@ class CostModel(SyncMixin, PipelineMixin):
         self._sync_cache: dict[tuple, tuple] = {}
         self._starts: dict[int, tuple] = {}
         self._dev_flops: dict[str, dict[str, float]] = {}
+        self._dev_attr: dict[str, dict[str, float]] = {}  # a GPU property by device (_least)
         self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw, n.network)
                             for n in cluster.nodes}
         self._dev_node = {d: dev.node.name for d, dev in cluster.devices.items()}
         self._prices = {d: dev.node.price_per_gpu_hour for d, dev in cluster.devices.items()}
 
     # ---- helpers --------------------------------------------------------------------------------
+    def _least(self, attr: str, devices: tuple[str, ...]) -> float:
+        """The least of GPU property ``attr`` (``memory_bytes``, ``hbm_bandwidth``) over ``devices``."""
+        table = self._dev_attr.get(attr)
+        if table is None:
+            table = self._dev_attr[attr] = {d: getattr(dev.gpu, attr) for d, dev in self.cluster.devices.items()}
+        return min(map(table.__getitem__, devices))
+
     def resolve_model(self, plan: Plan) -> ModelSpec:
         key = plan.model if isinstance(plan.model, str) else repr(sorted(plan.model.items()))
         m = self._model_cache.get(key)

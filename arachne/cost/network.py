@@ -83,6 +83,7 @@ class Network:
         self.cluster = cluster
         self.cal = cal
         self.rates = {n.name: node_rates(n, cal) for n in cluster.nodes}
+        self._node_name = {d: dev.node.name for d, dev in cluster.devices.items()}
 
     def node_of(self, device: str) -> Node:
         return self.cluster.devices[device].node
@@ -107,11 +108,12 @@ class Network:
             return 0.0
         pairs = max(1, min(len(src), len(dst)))
         share = nbytes / pairs
-        per_node_pair: Counter[tuple[str, str]] = Counter()
+        node = self._node_name
+        if pairs == 1:
+            per_node_pair: dict[tuple[str, str], int] = {(node[src[0]], node[dst[0]]): 1}
+        else:
+            per_node_pair = Counter(zip(map(node.__getitem__, src[:pairs]), map(node.__getitem__, dst[:pairs])))
         worst = 0.0
-        for i in range(pairs):
-            a, b = self.node_of(src[i]), self.node_of(dst[i])
-            per_node_pair[(a.name, b.name)] += 1
         for (an, bn), k in per_node_pair.items():
             a, b = self.cluster.node_by_name[an], self.cluster.node_by_name[bn]
             if an == bn:

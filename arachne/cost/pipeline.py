@@ -36,7 +36,6 @@ class PipelineMixin:
         (``zero3_sync``: with ZeRO-3, each stage's all-reduce-equivalent sync time, see :func:`zero3_row`)."""
         if p.virtual_stages > 1:
             return self._price_interleaved(model, plan, p, mbs, reps, zero3_sync)
-        devs = self.cluster.devices
         S = len(p.stages)
         rows = [self._stage(model, st, si == 0, si == S - 1, mbs, plan) for si, st in enumerate(p.stages)]
         if zero3_sync is not None:
@@ -56,7 +55,7 @@ class PipelineMixin:
         for si, st in enumerate(p.stages):
             D = reps[si]
             mem = self._memory(model, plan, st, si, S, p.micro_batches, mbs, D, D > 1)
-            mems.append((mem, min(devs[d].gpu.memory_bytes for d in st.devices)))
+            mems.append((mem, self._least("memory_bytes", st.devices)))
         # what every pipeline of this signature reports per stage (its StageEstimate after the indices)
         out_rows = [(r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1], r[2], r[3], r[4], send_f[si],
                      send_b[si], mem.total, cap, r[6])
@@ -73,7 +72,6 @@ class PipelineMixin:
         interleaved 1F1B timeline, and memory of the chunks in flight. With ZeRO-3 each chunk gathers and
         reduce-scatters its own blocks' share of the stage's sync (:func:`zero3_row`). Rows report per stage
         the sums over its chunks."""
-        devs = self.cluster.devices
         crows, sf, sb = self.interleaved_chunks(model, plan, p, mbs)
         if zero3_sync is not None:
             crows = [[zero3_row(r, zero3_sync[si] * (b - a) / st.num_layers, b - a, plan.overlap_param_gather,
@@ -87,7 +85,7 @@ class PipelineMixin:
         mems = []
         for si, st in enumerate(p.stages):
             mem = self._interleaved_memory(model, plan, p, st, si, mbs, reps[si])
-            mems.append((mem, min(devs[d].gpu.memory_bytes for d in st.devices)))
+            mems.append((mem, self._least("memory_bytes", st.devices)))
         out_rows = [(r[5], st.layers, st.tp, st.dp_size, st.ep, r[0], r[1], r[2], r[3], r[4], send_f[si],
                      send_b[si], mem.total, cap, r[6])
                     for si, (st, r, (mem, cap)) in enumerate(zip(p.stages, rows, mems))]
@@ -170,7 +168,6 @@ class PipelineMixin:
         cal = self.cal.memory
         per_param = cal.optimizer_bytes_per_param_fp32 if plan.precision == "fp32" else cal.optimizer_bytes_per_param_mixed
         worst = 0.0
-        devs = self.cluster.devices
         S = len(p.stages)
         for si, st in enumerate(p.stages):
             if p.virtual_stages > 1:
@@ -181,7 +178,7 @@ class PipelineMixin:
                                               expert_tp(st))
             if plan.zero_stage >= 1:
                 params /= reps[si]
-            hbm = min(devs[d].gpu.hbm_bandwidth for d in st.devices)
+            hbm = self._least("hbm_bandwidth", st.devices)
             worst = max(worst, params * per_param / (hbm * cal.optimizer_hbm_efficiency))
         return worst
 

@@ -41,6 +41,7 @@ from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.options import TimeShares
 from arachne.planners.arachne.rules_view import template_ok
+from arachne.planners.arachne.scale_out import SCALE_OUT_SHARE, scale_out_plans, starved, with_grid
 from arachne.planners.arachne.search.rules import much_slower_networks
 from arachne.planners.arachne.seed_forms import (  # noqa: F401 (layout_key re-exported)
     even_counts,
@@ -575,6 +576,8 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     # a mixed incumbent is the search's, not the grid's: the grid also walks from the best one-type plan's type
     one = alone(found, cluster, score) if last and types and len(types) > 1 and not long_sequence(ctx) else None
     base = max(seed_share(ctx.job, priced, plain) * target_s, seconds or 0.0)
+    grid = scale_out_plans(ctx, Deadline(SCALE_OUT_SHARE * target_s, clock, cap), ok, rules) \
+        if not long_sequence(ctx) and starved(ctx, rules) else []  # a batch too small for the cluster: .scale_out
     deadline = Deadline(base, clock, cap)
     if long_sequence(ctx):  # most of the family's time on plans with context parallelism built in
         seeds = seed_plans(ctx, deadline.child(deadline.remaining * 0.2), rules, ok, types, tps)
@@ -582,7 +585,7 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     else:
         seeds = seed_plans(ctx, deadline.child(deadline.remaining * SEED_WALK), rules, ok, types, tps, around=around)
     if one is None:
-        return knobs(seeds, deadline)
+        return with_grid(knobs(seeds, deadline), grid, knobs, SCALE_OUT_SHARE * target_s, clock, cap, score, lead)
     # the walk from the best one-type plan's type (its tp degrees in the order that fits, not its own; the grid next
     # to it) and the knobs on its fastest seed run on clocks of their own: the first walk's seeds keep their knobs
     # and the time the walk left them, as without it
@@ -592,5 +595,6 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     out = knobs(seeds, Deadline(left, clock, cap))
     more = knobs(alone_seeds, Deadline(base * (1 - SEED_WALK) * ALONE_SHARE, clock, cap), top=0, fastest=1)
     best = min(score(e) for _, e in out + [lead])  # kept only where they win: otherwise they would only displace the
-    return out + [r for r in more if score(r[1]) < best]  # later knobs' starts (seed163/rob-003: 1.685x -> 1.020x)
+    out += [r for r in more if score(r[1]) < best]  # later knobs' starts (seed163/rob-003: 1.685x -> 1.020x)
+    return with_grid(out, grid, knobs, SCALE_OUT_SHARE * target_s, clock, cap, score, lead)
 
