@@ -58,7 +58,7 @@ def build() -> argparse.ArgumentParser:
     c = _add(g, "scale", "benchmarks.grid:scale", "every planner on six clusters of 4,096-100,000 GPUs")
     n = _add(g, "nic", "benchmarks.grid:nic", "every planner on 12 clusters of 64-2,048 GPUs with one or two "
              "NICs per node or one per GPU, at 4k-16k tokens")
-    st = _add(g, "starved", "benchmarks.grid:starved", "every planner on nine clusters of 1,024-100,000 GPUs whose "
+    st = _add(g, "starved", "benchmarks.grid:starved", "every planner on 15 clusters of 1,024-100,000 GPUs whose "
               "batch leaves GPUs idle at one stage of node-wide tp")
     for q in (c, n, st):
         q.add_argument("--planners", help="comma-separated planner names (default: all installed, +ep for MoE)")

@@ -7,7 +7,7 @@ caches; one that overruns its budget by far is stopped). Prints per planner the 
 relative to the best planner of each case (over the cases it solved), the median planning time and the share
 of cases where it found no fitting plan. ``grid timing``: planning time of the search baselines at 64, 256
 and 512 GPUs. ``grid scale``: every planner on six clusters of 4,096 to 100,000 GPUs (the same children,
-ratios and summary as ``grid run``); ``grid nic``: on twelve clusters by node NIC; ``grid starved``: on nine
+ratios and summary as ``grid run``); ``grid nic``: on twelve clusters by node NIC; ``grid starved``: on 15
 clusters whose batch leaves GPUs idle at one stage of node-wide tp.
 """
 

@@ -137,8 +137,8 @@ NIC_CASES: list[GridCase] = [
 
 
 # a batch too small for its cluster (``grid starved``): a GPU type holds more GPUs than the batch fills at one stage
-# of node-wide tp per sequence (decision 0052). h100-100000 (the ``grid scale`` case) was tuned on; the others were
-# drawn as hold-outs before the family was run on them
+# of node-wide tp per sequence (decision 0052). h100-100000 (the ``grid scale`` case) was tuned on; the next eight
+# were drawn as hold-outs before the family was run on them
 STARVED_CASES: list[GridCase] = [
     GridCase("h100-100000", (("H100", 12500, 8, None),), "Llama-3.1-70B", 2048, 8192),
     GridCase("h100-8192", (("H100", 1024, 8, None),), "Llama-3.1-8B", 512, 8192),
@@ -149,6 +149,14 @@ STARVED_CASES: list[GridCase] = [
     GridCase("b200-2048", (("B200-180GB", 256, 8, None),), "Llama-3.1-70B", 128, 16384),
     GridCase("h100-32768-eth", (("H100", 4096, 8, 50.0),), "Llama-3.1-70B", 1024, 8192),
     GridCase("h100-1024", (("H100", 128, 8, None),), "Llama-3.1-70B", 64, 4096),
+    # drawn after the interleaved cuts were added (tuned on the two cases above they lifted: b200-2048 and
+    # h100-a100-8192-b256), not run before
+    GridCase("h200-16384", (("H200", 2048, 8, None),), "Llama-3.1-70B", 1024, 8192),
+    GridCase("a100-4096-25", (("A100-80", 512, 8, 25.0),), "Llama-3.1-8B", 256, 8192),
+    GridCase("h100-2048-moe", (("H100", 256, 8, None),), "Mixtral-8x22B", 128, 8192),
+    GridCase("mi300x-4096", (("MI300X", 512, 8, None),), "Llama-3.1-70B", 256, 8192),
+    GridCase("h100-h200-16384", (("H100", 1024, 8, None), ("H200", 1024, 8, None)), "Llama-3.1-405B", 512, 8192),
+    GridCase("gh200-4096", (("GH200", 1024, 4, None),), "Llama-3.1-70B", 256, 4096),
 ]
 
 # ---- random production-like clusters (the robustness sweeps): arachne/planners/arachne/train/production.py

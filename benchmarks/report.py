@@ -122,7 +122,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
                  "GPUs share one or two NICs (12.5-100 GB/s) or have one each, at 4,096-16,384 tokens, each in a forked "
                  "child at a 30 s budget; throughput relative to the best of the case",
                  "python -m benchmarks grid nic"),
-    "grid-starved": ("Clusters past their batch", "every planner on nine clusters of 1,024-100,000 GPUs whose GPUs "
+    "grid-starved": ("Clusters past their batch", "every planner on 15 clusters of 1,024-100,000 GPUs whose GPUs "
                      "of a type outnumber the batch's sequences times the node size (dense and MoE, 4k-16k tokens), "
                      "each in a forked child at a 30 s budget; throughput relative to the best of the case",
                      "python -m benchmarks grid starved"),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from arachne.cost import Estimate
 from arachne.plan import PLAN_FORMAT_V2, Pipeline, Plan, Stage
+from arachne.planners.arachne.completion.plan_edits import VIRTUAL_STAGES, interleaved, interleavings, with_pipelines
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_from_proxy, proxy_context
 from arachne.planners.arachne.rules_view import template_ok
@@ -94,9 +95,15 @@ def cp_degrees(seq: int, legality: Legality | None) -> list[int]:
     return out
 
 
+def interleaving(legality: Legality | None) -> bool:
+    """Whether ``legality`` allows interleaved pipelines."""
+    return legality is None or legality.constraints.virtual_stages is not False
+
+
 def shapes(ctx: PlanningContext, legality: Legality | None) -> list[Shape]:
     """Every shape of the family (module docstring) on the classes past the batch's size that holds its first
     stage's memory, fastest bound first."""
+    chunks = interleaving(legality)
     L, gbs = ctx.model.num_layers, ctx.job.global_batch_size
     divisors = [d for d in range(1, gbs + 1) if gbs % d == 0]
     out: list[Shape] = []
@@ -108,22 +115,23 @@ def shapes(ctx: PlanningContext, legality: Legality | None) -> list[Shape]:
                 for S in (s for s in seed_depths(L) if s <= L):
                     most = [d for d in divisors if S * tp * cp * d <= cls.count]
                     for dp in most[::-1][:HALVINGS + 1]:
-                        shape = _bounded(ctx, cls.index, S, tp, cp, dp)
+                        shape = _bounded(ctx, cls.index, S, tp, cp, dp, chunks)
                         if shape is not None:
                             out.append(shape)
     return sorted(out, key=lambda s: s.bound_s)
 
 
-def _bounded(ctx: PlanningContext, cls: int, S: int, tp: int, cp: int, dp: int) -> Shape | None:
+def _bounded(ctx: PlanningContext, cls: int, S: int, tp: int, cp: int, dp: int, chunks: bool) -> Shape | None:
     """The shape with its lower bound, without recomputation where its first stage holds that (else with), or
-    None where it holds neither."""
+    None where it holds neither; ``chunks``: the bound's bubble is the deepest interleaving's that fits it."""
     L, nmb = ctx.model.num_layers, ctx.job.global_batch_size // dp
     depth = -(-L // S)
+    v = max((k for k in VIRTUAL_STAGES if chunks and S > 1 and nmb % S == 0 and L // S >= k), default=1)
     for recompute in (False, True):
         prof = ctx.slot_profile(cls, tp, cp, 1, 1, S, dp * cp, recompute)
         if prof.memory(0, depth, True, S == 1, min(S, nmb)) > prof.capacity:
             continue
-        return Shape(cls, S, tp, cp, dp, recompute, (nmb + S - 1) * prof.time(0, L, True, True) / S)
+        return Shape(cls, S, tp, cp, dp, recompute, (nmb + (S - 1) / v) * prof.time(0, L, True, True) / S)
     return None
 
 
@@ -155,17 +163,19 @@ def scale_out_plans(ctx: PlanningContext, deadline: Deadline, ok: Callable[[Plan
     seq, gbs = ctx.job.sequence_length, ctx.job.global_batch_size
     cuts = deadline.child(deadline.remaining / 2)
     devices: dict[int, list[str]] = {}
-    ranked: list[tuple[float, int, Shape]] = []
+    ranked: list[tuple[float, int, Shape, int]] = []  # (cut time, order, shape, its interleaving)
+    chunks = interleaving(legality)
     for i, shape in enumerate(shapes(ctx, legality)):
         if cuts.expired() or len(ranked) >= MAX_CUTS or ranked and shape.bound_s >= min(ranked)[0]:
             break
         if shape.cls not in devices:
             devices[shape.cls] = [x for node in ctx.classes[shape.cls].node_devices() for x in node]
-        ranked.append((cm.estimate(cut_plan(ctx, shape, devices[shape.cls]), validate=False).iteration_time_s, i,
-                       shape))
+        cut = cut_plan(ctx, shape, devices[shape.cls])
+        ranked.append(min((cm.estimate(q, validate=False).iteration_time_s, i, shape, q.pipelines[0].virtual_stages)
+                          for q in [cut] + (interleavings(cut) if chunks else [])))
     proxies: dict[int, PlanningContext | None] = {}
     out: list = []
-    for _, _, shape in sorted(ranked)[:MAX_PRICED]:
+    for _, _, shape, v in sorted(ranked)[:MAX_PRICED]:
         if deadline.expired():
             break
         c = shape.cp
@@ -178,7 +188,14 @@ def scale_out_plans(ctx: PlanningContext, deadline: Deadline, ok: Callable[[Plan
         if legality is not None and not template_ok(tpl, legality):
             continue
         convert = None if c == 1 else (lambda p, c=c: cp_from_proxy(p, c, seq, gbs))
-        out += complete_seed(tpl, pctx, shape.dp * c, ok, {}, deadline, convert)
+        got = complete_seed(tpl, pctx, shape.dp * c, ok, {}, deadline, convert)
+        for plan, _ in got if v > 1 else []:  # and as its cut was fastest, interleaved
+            pipes = [interleaved(p, v) or p for p in plan.pipelines]
+            cand = with_pipelines(plan, pipes)
+            if cand != plan and ok(cand) and not deadline.expired():
+                est = cm.estimate(cand, validate=False)
+                got += [(cand, est)] if est.fits else []
+        out += got
     return out
 
 
