@@ -15,10 +15,12 @@ sequence per replica, and ranks them in three steps:
    drops the shapes whose first stage cannot hold its weights and in-flight activations, even recomputing;
 2. fastest bound first, the cost model's price of the shape cut to :data:`PROXY_REPLICAS` replicas (the same
    stages, tp, cp and micro-batches on a few GPUs: the communication the bound leaves out, which decides between
-   a shallow pipeline's gradient reduction and a deep one's bubble), until the next bound is no faster than the
+   a shallow pipeline's gradient reduction and a deep one's bubble), also interleaved where the runtime allows
+   it (the bound's bubble is then the deepest interleaving's), until the next bound is no faster than the
    fastest cut price, :data:`MAX_CUTS` are priced or half the deadline is spent;
 3. the :data:`MAX_PRICED` fastest cut prices completed as the seeds are (on the proxy job of :mod:`.long_context`,
-   rewritten to cp) and priced whole. Only these whole plans compete, by the one cost model.
+   rewritten to cp) and priced whole, also interleaved where the cut was fastest so. Only these whole plans
+   compete, by the one cost model.
 
 On the 100,000-GPU case the cut prices at 2 replicas (5 ms each) put the fastest of 160 shapes priced whole
 fourth; the bound alone put it past the twentieth (decision 0052)."""

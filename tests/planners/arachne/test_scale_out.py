@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,12 +83,25 @@ def test_family_plans_are_valid_use_cp_or_depth_and_put_idle_gpus_to_work():
 
 def test_family_respects_the_runtime_rules():
     ctx = ctx_for(16)
-    legality = Legality.of("megatron", Constraints(max_cp=2))
+    legality = Legality.of("megatron", Constraints(max_cp=2, virtual_stages=False))
     got = so.scale_out_plans(ctx, Deadline(60.0, time.perf_counter), lambda p: not legality.errors(p, ctx.cluster),
                              legality)
     assert got and all(st_.cp <= 2 for p, _ in got for pl in p.pipelines for st_ in pl.stages)
+    assert all(pl.virtual_stages == 1 for p, _ in got for pl in p.pipelines)
 
 
+def test_interleaving_only_lowers_the_bound_of_deep_shapes():
+    ctx = ctx_for(16)
+    flat = {(s.cls, s.stages, s.tp, s.cp, s.dp): s.bound_s for s in so.shapes(ctx, Legality.of(
+        "megatron", Constraints(virtual_stages=False)))}
+    chunked = {(s.cls, s.stages, s.tp, s.cp, s.dp): s.bound_s for s in so.shapes(ctx, None)}
+    assert flat.keys() == chunked.keys()
+    assert all(chunked[k] <= flat[k] for k in flat)
+    assert all(chunked[k] == flat[k] for k in flat if k[1] == 1)
+    assert any(chunked[k] < flat[k] for k in flat)
+
+
+@pytest.mark.slow
 def test_planner_on_a_starved_cluster_returns_the_familys_best_or_better():
     ctx = ctx_for(16)
     fam = so.scale_out_plans(ctx, Deadline(60.0, time.perf_counter), lambda _p: True, None)
