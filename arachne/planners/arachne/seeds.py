@@ -17,8 +17,7 @@ micro-batch sizes and the fastest by the completion's time model, the batch shar
 evenly, also in Megatron's lock-step form (one pipeline whose stages are data parallel over all replicas; an MoE
 model's built as one with its experts parallel, and at several expert-parallel degrees), each with the gradient
 reduction overlapped. The best few then get the knobs (:func:`~.completion.modern.modernize`: per-stage
-recomputation, ZeRO, ...). Every estimate is counted by the work clock (the cost model's counters),
-and the layer splits and placements by ``ctx.work``."""
+recomputation, ZeRO, ...). The work clock counts every estimate, layer split and placement."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ from arachne.planners.arachne.completion.price import (
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_seed_plans, long_sequence
 from arachne.planners.arachne.options import TimeShares
-from arachne.planners.arachne.rules_view import template_ok
+from arachne.planners.arachne.rules_view import planner_rules, template_ok
 from arachne.planners.arachne.scale_out import SCALE_OUT_SHARE, scale_out_plans, starved, with_grid
 from arachne.planners.arachne.search.rules import much_slower_networks
 from arachne.planners.arachne.seed_forms import (  # noqa: F401 (layout_key re-exported)
@@ -559,12 +558,13 @@ def seed_pass(ctx: PlanningContext, legality: Legality | None, clock: Callable[[
     run only there, as in :func:`~.completion.modern.modern_variants`)."""
     cluster = ctx.cost_model.cluster
     rules = legality if legality is not None and not legality.free else None
+    built = planner_rules(rules) if rules is not None else None  # a seed keeps what the search's plans keep
 
     def bound(est: Estimate) -> float:  # what per-stage recomputation could reach at best
         return score(est) * (1 - recompute_share(est))
 
     def ok(plan: Plan) -> bool:
-        return rules is None or not rules.errors(plan, cluster)
+        return built is None or not built.errors(plan, cluster)
 
     def knobs(found: list[Priced], until: Deadline, top: int = SEED_TOP, fastest: int = SEED_FASTEST) -> list[Priced]:
         return seed_knobs(ctx, found, until, rules, score, bound, last, top, fastest)

@@ -110,3 +110,19 @@ def test_planner_on_a_starved_cluster_returns_the_familys_best_or_better():
     est = cm.estimate(plan)
     assert est.fits
     assert est.tokens_per_s >= 0.97 * max(e.tokens_per_s for _, e in fam)
+
+
+@settings(max_examples=15, deadline=None)
+@given(nodes=st.integers(4, 24), node_size=st.sampled_from([4, 8]), gbs=st.sampled_from([2, 4, 6, 8]),
+       seq=st.sampled_from([2048, 4096, 8192]), gpu=st.sampled_from(["H100", "A100-80", "L4"]))
+def test_every_shape_is_within_its_class_and_its_cut_is_a_valid_plan(nodes, node_size, gbs, seq, gpu):
+    cl = cluster_from_dict({"name": "c", "nodes": [{"name": "n-{i}", "count": nodes, "gpu": gpu,
+                                                    "gpus_per_node": node_size}]})
+    ctx = PlanningContext(cl, model_catalog().get("Llama-3.1-8B"), Job(global_batch_size=gbs, sequence_length=seq),
+                          CostModel(cl))
+    shapes = so.shapes(ctx, None)
+    assert not shapes or any(c.count > gbs * c.node_size for c in ctx.classes)  # only on a class past the batch
+    devices = [d for node in ctx.classes[0].node_devices() for d in node]
+    for s in shapes[:8]:
+        assert s.stages * s.tp * s.cp * s.dp <= ctx.classes[s.cls].count and gbs % s.dp == 0
+        validate_plan(so.cut_plan(ctx, s, devices), ctx.cluster, ctx.model)

@@ -11,6 +11,7 @@ from arachne.planners.arachne.completion.place import placements
 from arachne.planners.arachne.completion.plan_edits import recomputes
 from arachne.planners.arachne.completion.price import ALT_WITHIN
 from arachne.planners.arachne.context import PlanningContext
+from arachne.planners.arachne.rules_view import planner_rules
 from arachne.planners.arachne.template import Group, Slot, Template
 from arachne.planners.arachne.work_clock import WorkClock
 from arachne.planners.harness import run_planner
@@ -161,6 +162,18 @@ def test_seed_pass_plans_fit_and_keep_the_runtime_rules():
         assert est.fits
         assert not legality.errors(plan, ctx.cluster)
         validate_plan(plan, ctx.cluster, ctx.model)
+
+
+def test_seeds_under_a_runtime_without_zero_1_keep_their_replicated_plans():
+    """torchtitan has no ZeRO-1 (the seeds' default with replicas): the seeds keep what the search keeps (the
+    harness mends the ZeRO stage on the finished plan), not only the plans without replicas; their knobs move
+    them to a stage the runtime runs where they can."""
+    ctx = ctx_for(CLOUD)
+    legality = Legality.of("torchtitan")
+    out = seeds.seed_pass(ctx, legality, WorkClock(ctx.work, ctx.cost_model), 0.8, None, lambda e: e.iteration_time_s)
+    assert any(st.dp_size > 1 or len(p.pipelines) > 1 for p, _ in out for pl in p.pipelines for st in pl.stages)
+    for plan, est in out:
+        assert est.fits and not planner_rules(legality).errors(plan, ctx.cluster)
 
 
 @pytest.mark.parametrize("target", [0.0, 0.8])
