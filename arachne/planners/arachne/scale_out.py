@@ -36,9 +36,9 @@ from arachne.planners.arachne.completion.plan_edits import VIRTUAL_STAGES, inter
 from arachne.planners.arachne.context import PlanningContext
 from arachne.planners.arachne.long_context import cp_from_proxy, proxy_context
 from arachne.planners.arachne.rules_view import template_ok
-from arachne.planners.arachne.seed_forms import overlapped
+from arachne.planners.arachne.seed_forms import expert_parallel_forms, overlapped
 from arachne.planners.arachne.seed_scope import seed_depths
-from arachne.planners.arachne.template import Group, Slot, Template, tp_fits_node, tp_options
+from arachne.planners.arachne.template import Group, Slot, Template, ep_options, tp_fits_node, tp_options
 from arachne.planners.protocol import Deadline
 from arachne.spec.model import model_ref
 from arachne.spec.runtimes import Legality
@@ -54,6 +54,8 @@ HALVINGS = 2
 """Per depth, tp and cp, the replica counts after the largest that fits: this many halvings of it."""
 PROXY_REPLICAS = 2
 """The replicas of a shape's cut (step 2 of the module docstring)."""
+MOE_CUT_REPLICAS = 16
+"""An MoE model's cut keeps up to this many replicas: the largest expert-parallel degree it is priced at."""
 MAX_CUTS = 400
 """The most cuts priced."""
 MAX_PRICED = 4
@@ -129,8 +131,9 @@ def _bounded(ctx: PlanningContext, cls: int, S: int, tp: int, cp: int, dp: int, 
     L, nmb = ctx.model.num_layers, ctx.job.global_batch_size // dp
     depth = -(-L // S)
     v = max((k for k in VIRTUAL_STAGES if chunks and S > 1 and nmb % S == 0 and L // S >= k), default=1)
+    ep = max(ep_options(ctx.model, dp))  # (an MoE model's experts at their widest: what fits, at the least compute)
     for recompute in (False, True):
-        prof = ctx.slot_profile(cls, tp, cp, 1, 1, S, dp * cp, recompute)
+        prof = ctx.slot_profile(cls, tp, cp, ep, 1, S, dp * cp, recompute)
         if prof.memory(0, depth, True, S == 1, min(S, nmb)) > prof.capacity:
             continue
         return Shape(cls, S, tp, cp, dp, recompute, (nmb + (S - 1) / v) * prof.time(0, L, True, True) / S)
@@ -141,7 +144,8 @@ def cut_plan(ctx: PlanningContext, shape: Shape, devices: list[str]) -> Plan:
     """``shape`` cut to ``min(dp, PROXY_REPLICAS)`` replicas on the first of ``devices`` (its class's, node by
     node), its blocks split evenly, its batch those replicas' micro-batches, its gradient reduction overlapped."""
     job, L, S = ctx.job, ctx.model.num_layers, shape.stages
-    d = min(shape.dp, PROXY_REPLICAS)
+    # an MoE model's cut holds the replicas its experts spread over (the whole plan's ep is over its dp)
+    d = min(shape.dp, max([PROXY_REPLICAS] + [e for e in ep_options(ctx.model, shape.dp) if e <= MOE_CUT_REPLICAS]))
     n = shape.tp * shape.cp * d
     nmb = job.global_batch_size // shape.dp
     stages = tuple(Stage(layers=(i * L // S, (i + 1) * L // S), devices=tuple(devices[i * n:(i + 1) * n]),
@@ -173,8 +177,12 @@ def scale_out_plans(ctx: PlanningContext, deadline: Deadline, ok: Callable[[Plan
         if shape.cls not in devices:
             devices[shape.cls] = [x for node in ctx.classes[shape.cls].node_devices() for x in node]
         cut = cut_plan(ctx, shape, devices[shape.cls])
-        ranked.append(min((cm.estimate(q, validate=False).iteration_time_s, i, shape, q.pipelines[0].virtual_stages)
-                          for q in [cut] + (interleavings(cut) if chunks else [])))
+        # an MoE model's experts at each parallel degree, then the fastest of those interleaved
+        t, lead = min(((cm.estimate(f, validate=False).iteration_time_s, j), f)
+                      for j, f in enumerate([cut] + expert_parallel_forms(cut, ctx)))
+        ranked.append(min([(t[0], i, shape, 1)] + [(cm.estimate(q, validate=False).iteration_time_s, i, shape,
+                                                    q.pipelines[0].virtual_stages)
+                                                   for q in (interleavings(lead) if chunks else [])]))
     proxies: dict[int, PlanningContext | None] = {}
     out: list = []
     for _, _, shape, v in sorted(ranked)[:MAX_PRICED]:
@@ -186,12 +194,14 @@ def scale_out_plans(ctx: PlanningContext, deadline: Deadline, ok: Callable[[Plan
         pctx = proxies[c]
         if pctx is None:
             continue
-        tpl = Template((Group((Slot(shape.cls, shape.tp, dp=shape.dp * c),) * shape.stages, 1),))
+        ep = max(ep_options(ctx.model, shape.dp))  # (an MoE model's built with its experts parallel, as the seeds')
+        tpl = Template((Group((Slot(shape.cls, shape.tp, dp=shape.dp * c, ep=ep),) * shape.stages, 1),))
         if legality is not None and not template_ok(tpl, legality):
             continue
         convert = None if c == 1 else (lambda p, c=c: cp_from_proxy(p, c, seq, gbs))
         got = complete_seed(tpl, pctx, shape.dp * c, ok, {}, deadline, convert)
-        for plan, _ in got if v > 1 else []:  # and as its cut was fastest, interleaved
+        fastest = sorted(got, key=lambda r: r[1].iteration_time_s)[:2]  # (the two fastest forms)
+        for plan, _ in fastest if v > 1 else []:  # and as its cut was fastest, interleaved
             pipes = [interleaved(p, v) or p for p in plan.pipelines]
             cand = with_pipelines(plan, pipes)
             if cand != plan and ok(cand) and not deadline.expired():
