@@ -8,19 +8,22 @@ size, every lock-step shape (one pipeline whose stages are data parallel, as Meg
 (:func:`~.seed_scope.seed_depths`), tp inside a node, cp (powers of two from 1, :data:`MAX_CP`, at least
 :data:`CP_RANK_TOKENS` tokens a rank) and dp a divisor of the batch that fits the class (the largest and
 :data:`HALVINGS` halvings of it: fewer replicas, more micro-batches, a smaller bubble), a micro-batch of one
-sequence per replica, and ranks them in three steps:
+sequence per replica (an MoE model's experts parallel over the most replicas the batch allows), and ranks them
+in three steps:
 
 1. a lower bound of each shape's 1F1B step from the slot profiles (the cost model's own layer costs at ``1 / cp``
    of a sequence, every stage an equal share, ``micro-batches + S - 1`` of them, no communication), which also
    drops the shapes whose first stage cannot hold its weights and in-flight activations, even recomputing;
 2. fastest bound first, the cost model's price of the shape cut to :data:`PROXY_REPLICAS` replicas (the same
    stages, tp, cp and micro-batches on a few GPUs: the communication the bound leaves out, which decides between
-   a shallow pipeline's gradient reduction and a deep one's bubble), also interleaved where the runtime allows
-   it (the bound's bubble is then the deepest interleaving's), until the next bound is no faster than the
+   a shallow pipeline's gradient reduction and a deep one's bubble; an MoE model's cut keeps the replicas of its
+   experts' parallel degrees up to :data:`MOE_CUT_REPLICAS` and is priced at each), its fastest form also
+   interleaved where the runtime allows it (the bound's bubble is then the deepest interleaving's), until the
+   next bound is no faster than the
    fastest cut price, :data:`MAX_CUTS` are priced or half the deadline is spent;
 3. the :data:`MAX_PRICED` fastest cut prices completed as the seeds are (on the proxy job of :mod:`.long_context`,
-   rewritten to cp) and priced whole, also interleaved where the cut was fastest so. Only these whole plans
-   compete, by the one cost model.
+   rewritten to cp) and priced whole, the two fastest forms also interleaved where the cut was fastest so. Only
+   these whole plans compete, by the one cost model.
 
 On the 100,000-GPU case the cut prices at 2 replicas (5 ms each) put the fastest of 160 shapes priced whole
 fourth; the bound alone put it past the twentieth (decision 0052)."""

@@ -126,3 +126,12 @@ def test_every_shape_is_within_its_class_and_its_cut_is_a_valid_plan(nodes, node
     for s in shapes[:8]:
         assert s.stages * s.tp * s.cp * s.dp <= ctx.classes[s.cls].count and gbs % s.dp == 0
         validate_plan(so.cut_plan(ctx, s, devices), ctx.cluster, ctx.model)
+
+
+def test_an_moe_models_shapes_are_bounded_and_built_with_its_experts_parallel():
+    ctx = ctx_for(16, model="Mixtral-8x22B")
+    shapes = so.shapes(ctx, None)
+    assert any(s.stages == 1 for s in shapes)  # (at ep 1 a whole Mixtral-8x22B stage does not fit tp 8)
+    got = so.scale_out_plans(ctx, Deadline(60.0, time.perf_counter), lambda _p: True, None)
+    assert got and all(est.fits for _, est in got)
+    assert any(st_.ep > 1 for p, _ in got for pl in p.pipelines for st_ in pl.stages)
