@@ -139,7 +139,8 @@ NIC_CASES: list[GridCase] = [
 # a batch too small for its cluster (``grid starved``): a GPU type holds more GPUs than the batch fills at one stage
 # of node-wide tp per sequence (decision 0052). h100-100000 (the ``grid scale`` case) was tuned on; the next eight
 # were drawn before the family was run on them, and three of them then tuned on (h200-4096-moe: the family's own
-# clocks; h100-a100-8192-b256 and b200-2048: its interleaved cuts); the last six drawn after that
+# clocks; h100-a100-8192-b256 and b200-2048: its interleaved cuts); the last six drawn after that, of which
+# h100-2048-moe was then tuned on (an MoE model's experts parallel in the family)
 STARVED_CASES: list[GridCase] = [
     GridCase("h100-100000", (("H100", 12500, 8, None),), "Llama-3.1-70B", 2048, 8192),
     GridCase("h100-8192", (("H100", 1024, 8, None),), "Llama-3.1-8B", 512, 8192),
