@@ -21,6 +21,7 @@ from queue import Empty
 from typing import Any
 
 from arachne.cost import CostModel
+from arachne.errors import InputError
 from arachne.planners.harness import CompareRow, default_planners, run_compare
 from arachne.planners.protocol import SearchBudget
 from arachne.planners.registry import planner_factory
@@ -130,6 +131,11 @@ def run_cases(cases: list[GridCase], a) -> tuple[list[dict[str, Any]], float]:
     ``a.time_budget``; the rows with their ratios to the best of each case, and the wall time."""
     budget = SearchBudget(time_budget_s=a.time_budget, seed=a.seed)
     chosen = [p.strip() for p in a.planners.split(",")] if a.planners else None
+    for name in chosen or []:  # an unknown name: one line and exit 2, before any case runs
+        try:
+            planner_factory(name)
+        except InputError as err:
+            common.fail(f"--planners: {err.reason}")
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for case in cases:

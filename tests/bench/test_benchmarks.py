@@ -26,6 +26,13 @@ def bench(*args: str, stored: Path | None = None, timeout: int = 300) -> subproc
 
 
 # ---- fast ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sub", ["scale", "nic", "starved"])
+def test_grid_unknown_planner_is_one_line_and_exit_2(sub):
+    res = bench("grid", sub, "--planners", "arachne,nosuch", "--out", "unused")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.startswith("error: --planners: unknown planner 'nosuch'")
+
+
 def test_help_lists_every_subcommand():
     res = bench("--help")
     assert res.returncode == 0, res.stderr
