@@ -144,10 +144,10 @@ def _bounded(ctx: PlanningContext, cls: int, S: int, tp: int, cp: int, dp: int, 
 
 
 def cut_plan(ctx: PlanningContext, shape: Shape, devices: list[str]) -> Plan:
-    """``shape`` cut to ``min(dp, PROXY_REPLICAS)`` replicas on the first of ``devices`` (its class's, node by
-    node), its blocks split evenly, its batch those replicas' micro-batches, its gradient reduction overlapped."""
+    """``shape`` cut to ``min(dp, PROXY_REPLICAS)`` replicas (an MoE model's: to its largest expert-parallel degree
+    up to :data:`MOE_CUT_REPLICAS`, if more) on the first of ``devices`` (its class's, node by node), its blocks
+    split evenly, its batch those replicas' micro-batches, its gradient reduction overlapped."""
     job, L, S = ctx.job, ctx.model.num_layers, shape.stages
-    # an MoE model's cut holds the replicas its experts spread over (the whole plan's ep is over its dp)
     d = min(shape.dp, max([PROXY_REPLICAS] + [e for e in ep_options(ctx.model, shape.dp) if e <= MOE_CUT_REPLICAS]))
     n = shape.tp * shape.cp * d
     nmb = job.global_batch_size // shape.dp
@@ -181,11 +181,12 @@ def scale_out_plans(ctx: PlanningContext, deadline: Deadline, ok: Callable[[Plan
             devices[shape.cls] = [x for node in ctx.classes[shape.cls].node_devices() for x in node]
         cut = cut_plan(ctx, shape, devices[shape.cls])
         # an MoE model's experts at each parallel degree, then the fastest of those interleaved
-        t, lead = min(((cm.estimate(f, validate=False).iteration_time_s, j), f)
-                      for j, f in enumerate([cut] + expert_parallel_forms(cut, ctx)))
-        ranked.append(min([(t[0], i, shape, 1)] + [(cm.estimate(q, validate=False).iteration_time_s, i, shape,
-                                                    q.pipelines[0].virtual_stages)
-                                                   for q in (interleavings(lead) if chunks else [])]))
+        forms = [(cm.estimate(f, validate=False).iteration_time_s, f) for f in [cut] + expert_parallel_forms(cut, ctx)]
+        t, lead = min(forms, key=lambda r: r[0])
+        more = [(cm.estimate(q, validate=False).iteration_time_s, q.pipelines[0].virtual_stages)
+                for q in (interleavings(lead) if chunks else [])]
+        best_t, v = min([(t, 1)] + more)
+        ranked.append((best_t, i, shape, v))
     proxies: dict[int, PlanningContext | None] = {}
     out: list = []
     for _, _, shape, v in sorted(ranked)[:MAX_PRICED]:
