@@ -128,13 +128,19 @@ def shapes(ctx: PlanningContext, legality: Legality | None) -> list[Shape]:
     return sorted(out, key=lambda s: s.bound_s)
 
 
+def widest_ep(ctx: PlanningContext, dp: int) -> int:
+    """The experts' parallel degree a shape of ``dp`` replicas is bounded and built at: the widest allowed (what
+    fits, at the least compute per GPU; as the seeds' lock-step form builds an MoE model), 1 for a dense one."""
+    return max(ep_options(ctx.model, dp))
+
+
 def _bounded(ctx: PlanningContext, cls: int, S: int, tp: int, cp: int, dp: int, chunks: bool) -> Shape | None:
     """The shape with its lower bound, without recomputation where its first stage holds that (else with), or
     None where it holds neither; ``chunks``: the bound's bubble is the deepest interleaving's that fits it."""
     L, nmb = ctx.model.num_layers, ctx.job.global_batch_size // dp
     depth = -(-L // S)
     v = max((k for k in VIRTUAL_STAGES if chunks and S > 1 and nmb % S == 0 and L // S >= k), default=1)
-    ep = max(ep_options(ctx.model, dp))  # (an MoE model's experts at their widest: what fits, at the least compute)
+    ep = widest_ep(ctx, dp)
     for recompute in (False, True):
         prof = ctx.slot_profile(cls, tp, cp, ep, 1, S, dp * cp, recompute)
         if prof.memory(0, depth, True, S == 1, min(S, nmb)) > prof.capacity:
@@ -198,8 +204,8 @@ def scale_out_plans(ctx: PlanningContext, deadline: Deadline, ok: Callable[[Plan
         pctx = proxies[c]
         if pctx is None:
             continue
-        ep = max(ep_options(ctx.model, shape.dp))  # (an MoE model's built with its experts parallel, as the seeds')
-        tpl = Template((Group((Slot(shape.cls, shape.tp, dp=shape.dp * c, ep=ep),) * shape.stages, 1),))
+        tpl = Template((Group((Slot(shape.cls, shape.tp, dp=shape.dp * c, ep=widest_ep(ctx, shape.dp)),) *
+                              shape.stages, 1),))
         if legality is not None and not template_ok(tpl, legality):
             continue
         convert = None if c == 1 else (lambda p, c=c: cp_from_proxy(p, c, seq, gbs))
