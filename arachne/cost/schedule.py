@@ -3,7 +3,9 @@
 Each stage runs its operations in schedule order (1F1B: warm-up forwards, then one forward /
 one backward, then cool-down backwards; GPipe: all forwards, then all backwards). An operation
 starts when its stage is free and its input has arrived; sending the output to the neighbour
-stage occupies the sender (blocking point-to-point, as in Megatron/DeepSpeed). Long runs are
+stage occupies the sender (blocking point-to-point, as in Megatron/DeepSpeed). Which operation can
+run after which depends on the schedule's shape only, so the order they run in is worked out once per
+shape (stages, micro-batches) and replayed on each pipeline's times. Long runs are
 extrapolated from two shorter simulations once the timeline is periodic, which it is after a
 transient of a few pipeline depths (checked against full simulation in the tests).
 """
@@ -15,86 +17,78 @@ from functools import lru_cache
 FWD, BWD = 0, 1
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def stage_ops(num_stages: int, m: int, schedule: str) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """Per stage, the ordered (kind, micro-batch) operations."""
+    """Per stage, the ordered (kind, micro-batch) operations (every stage runs 2m; the stages share the
+    operation tuples)."""
+    F = [(FWD, j) for j in range(m)]
+    B = [(BWD, j) for j in range(m)]
     out = []
     for s in range(num_stages):
         if schedule == "gpipe":
-            ops = [(FWD, j) for j in range(m)] + [(BWD, j) for j in range(m)]
+            ops = F + B
         else:
             w = min(num_stages - s - 1, m)
-            ops = [(FWD, j) for j in range(w)]
+            ops = F[:w]
             for i in range(m - w):
-                ops.append((FWD, w + i))
-                ops.append((BWD, i))
-            ops += [(BWD, j) for j in range(m - w, m)]
+                ops.append(F[w + i])
+                ops.append(B[i])
+            ops += B[m - w:]
         out.append(tuple(ops))
     return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def positions(num_stages: int, m: int, schedule: str) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """:func:`stage_ops` by position: entry p holds every stage's p-th operation. Run position by position, the
+    stages in order for the first m positions and in reverse after, every operation's input is produced
+    first. An input comes from the position before on the neighbour stage, or from the same position: a
+    forward's from the stage before, only while it is among the first m (warm-up: ``F(s, j)`` at j, j < m),
+    a backward's from the stage after, only from position m on (cool-down: ``B(s, j)`` at m + j; the gpipe
+    order is the same). Durations never change this order, so :func:`simulate` replays it on any times."""
+    return tuple(zip(*stage_ops(num_stages, m, schedule)))
 
 
 def simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], send_fwd: tuple[float, ...],
              send_bwd: tuple[float, ...], m: int, schedule: str = "1f1b", record: list | None = None) -> float:
     """Makespan of one pipeline: ``fwd[s]``/``bwd[s]`` per micro-batch, ``send_fwd[s]`` = s -> s+1,
-    ``send_bwd[s]`` = s -> s-1 transfer times (0 for the ends).
+    ``send_bwd[s]`` = s -> s-1 transfer times (0 for the ends). Operations run in the order of
+    :func:`positions`; each starts when its stage is free and its input has arrived.
 
     With ``record`` (a list), every operation is appended to it as it is simulated: ``(stage, kind, chunk,
-    micro-batch, start, compute end, send end)`` (chunk 0; :mod:`arachne.cost.timeline` turns them into
-    events). Off (``None``) it costs one ``is None`` test per operation."""
+    micro-batch, start, compute end, send end)`` (chunk 0; each stage's in its order; :mod:`arachne.cost.timeline`
+    turns them into events). Off (``None``) it costs one ``is None`` test per operation."""
     S = len(fwd)
-    ops = stage_ops(S, m, schedule)
-    f_done = [[-1.0] * m for _ in range(S)]   # arrival time of F(s, j)'s output at stage s+1
-    b_done = [[-1.0] * m for _ in range(S)]   # arrival time of B(s, j)'s output at stage s-1
+    f_done = [[0.0] * m for _ in range(S)]   # arrival time of F(s, j)'s output at stage s+1
+    b_done = [[0.0] * m for _ in range(S)]   # arrival time of B(s, j)'s output at stage s-1
     free = [0.0] * S
-    ptr = [0] * S
-    remaining = sum(len(o) for o in ops)
     last = S - 1
-    while remaining:
-        progressed = False
-        for s in range(S):
-            o = ops[s]
-            p = ptr[s]
+    up, down = range(S), range(last, -1, -1)
+    for p, column in enumerate(positions(S, m, schedule)):
+        for s in up if p < m else down:
+            kind, j = column[s]
             t = free[s]
-            fs, bs = fwd[s], bwd[s]
-            sf, sb = send_fwd[s], send_bwd[s]
-            fd_prev = f_done[s - 1] if s else None
-            bd_next = b_done[s + 1] if s < last else None
-            fd_s, bd_s = f_done[s], b_done[s]
-            n = len(o)
-            while p < n:
-                kind, j = o[p]
-                if kind == FWD:
-                    if s:
-                        ready = fd_prev[j]
-                        if ready < 0:
-                            break
-                        if ready > t:
-                            t = ready
-                    if record is not None:
-                        record.append((s, FWD, 0, j, t, t + fs, t + fs + sf))
-                    t += fs
-                    fd_s[j] = t + sf
-                    t += sf
-                else:
-                    if s < last:
-                        ready = bd_next[j]
-                        if ready < 0:
-                            break
-                        if ready > t:
-                            t = ready
-                    if record is not None:
-                        record.append((s, BWD, 0, j, t, t + bs, t + bs + sb))
-                    t += bs
-                    bd_s[j] = t + sb
-                    t += sb
-                p += 1
-            if p != ptr[s]:
-                remaining -= p - ptr[s]
-                ptr[s] = p
-                free[s] = t
-                progressed = True
-        if not progressed:  # pragma: no cover - schedules above are deadlock-free
-            raise RuntimeError("pipeline schedule deadlocked")
+            if kind == FWD:
+                if s:
+                    ready = f_done[s - 1][j]
+                    if ready > t:
+                        t = ready
+                if record is not None:
+                    record.append((s, FWD, 0, j, t, t + fwd[s], t + fwd[s] + send_fwd[s]))
+                t += fwd[s]
+                f_done[s][j] = t + send_fwd[s]
+                t += send_fwd[s]
+            else:
+                if s < last:
+                    ready = b_done[s + 1][j]
+                    if ready > t:
+                        t = ready
+                if record is not None:
+                    record.append((s, BWD, 0, j, t, t + bwd[s], t + bwd[s] + send_bwd[s]))
+                t += bwd[s]
+                b_done[s][j] = t + send_bwd[s]
+                t += send_bwd[s]
+            free[s] = t
     return max(free)
 
 
@@ -150,7 +144,7 @@ def in_flight(stage: int, num_stages: int, m: int, schedule: str, paired: bool =
 
 # ---- interleaved 1F1B (Megatron's virtual pipeline) ---------------------------------------------
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def interleaved_ops(num_stages: int, v: int, m: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
     """Per stage, the ordered (kind, chunk, micro-batch) operations of Megatron-LM's interleaved 1F1B
     (``megatron/core/pipeline_parallel/schedules.py``, forward_backward_pipelining_with_interleaving):
@@ -177,6 +171,41 @@ def interleaved_ops(num_stages: int, v: int, m: int) -> tuple[tuple[tuple[int, i
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
+def interleaved_run_order(num_stages: int, v: int, m: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Every operation of an interleaved pipeline as ``(stage, kind, chunk, micro-batch)``, in an order in which
+    each one's input has already been produced, as :func:`run_order` does for :func:`interleaved_ops`."""
+    S, last = num_stages, num_stages - 1
+    ops = interleaved_ops(S, v, m)
+    f_done = [[[False] * m for _ in range(v)] for _ in range(S)]
+    b_done = [[[False] * m for _ in range(v)] for _ in range(S)]
+    ptr = [0] * S
+    out: list[tuple[int, int, int, int]] = []
+    total = sum(len(o) for o in ops)
+    while len(out) < total:
+        before = len(out)
+        for s in range(S):
+            o, p = ops[s], ptr[s]
+            while p < len(o):
+                kind, c, j = o[p]
+                if kind == FWD:
+                    if (s or c) and not (f_done[s - 1][c][j] if s else f_done[last][c - 1][j]):
+                        break
+                    f_done[s][c][j] = True
+                else:
+                    if (s < last or c < v - 1) and not (b_done[s + 1][c][j] if s < last else b_done[0][c + 1][j]):
+                        break
+                    if not f_done[s][c][j]:  # pragma: no cover - the order above never does this
+                        raise RuntimeError("backward before its forward")
+                    b_done[s][c][j] = True
+                out.append((s, kind, c, j))
+                p += 1
+            ptr[s] = p
+        if len(out) == before:  # pragma: no cover - the schedule is deadlock-free
+            raise RuntimeError("interleaved pipeline schedule deadlocked")
+    return tuple(out)
+
+
 def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[float, ...], ...],
                          send_fwd: tuple[tuple[float, ...], ...], send_bwd: tuple[tuple[float, ...], ...],
                          m: int, record: list | None = None) -> float:
@@ -187,54 +216,34 @@ def simulate_interleaved(fwd: tuple[tuple[float, ...], ...], bwd: tuple[tuple[fl
     not occupy the sender: Megatron-LM overlaps point-to-point communication with computation in its
     interleaved schedule (``overlap_p2p_comm``, on by default there: isend/irecv posted before the next
     chunk's compute, waited for when its input is needed), so a transfer only delays its receiver.
-    ``record`` as in :func:`simulate`, with the chunk of each operation."""
+    Operations run in :func:`interleaved_run_order`. ``record`` as in :func:`simulate`, with the chunk of
+    each operation."""
     S, v = len(fwd), len(fwd[0])
-    ops = interleaved_ops(S, v, m)
-    f_done = [[[-1.0] * m for _ in range(v)] for _ in range(S)]  # arrival of F(s, c, j)'s output downstream
-    b_done = [[[-1.0] * m for _ in range(v)] for _ in range(S)]  # arrival of B(s, c, j)'s output upstream
-    own_f = [[[-1.0] * m for _ in range(v)] for _ in range(S)]
+    f_done = [[[0.0] * m for _ in range(v)] for _ in range(S)]  # arrival of F(s, c, j)'s output downstream
+    b_done = [[[0.0] * m for _ in range(v)] for _ in range(S)]  # arrival of B(s, c, j)'s output upstream
     free = [0.0] * S
-    ptr = [0] * S
-    remaining = sum(len(o) for o in ops)
     last = S - 1
-    while remaining:
-        progressed = False
-        for s in range(S):
-            o, p, t = ops[s], ptr[s], free[s]
-            n = len(o)
-            while p < n:
-                kind, c, j = o[p]
-                if kind == FWD:
-                    if s or c:
-                        ready = f_done[s - 1][c][j] if s else f_done[last][c - 1][j]
-                        if ready < 0:
-                            break
-                        t = max(t, ready)
-                    if record is not None:
-                        record.append((s, FWD, c, j, t, t + fwd[s][c], t + fwd[s][c] + send_fwd[s][c]))
-                    t += fwd[s][c]
-                    own_f[s][c][j] = t
-                    f_done[s][c][j] = t + send_fwd[s][c]
-                else:
-                    if s < last or c < v - 1:
-                        ready = b_done[s + 1][c][j] if s < last else b_done[0][c + 1][j]
-                        if ready < 0:
-                            break
-                        t = max(t, ready)
-                    if own_f[s][c][j] < 0:  # pragma: no cover - the order above never does this
-                        raise RuntimeError("backward before its forward")
-                    if record is not None:
-                        record.append((s, BWD, c, j, t, t + bwd[s][c], t + bwd[s][c] + send_bwd[s][c]))
-                    t += bwd[s][c]
-                    b_done[s][c][j] = t + send_bwd[s][c]
-                p += 1
-            if p != ptr[s]:
-                remaining -= p - ptr[s]
-                ptr[s] = p
-                free[s] = t
-                progressed = True
-        if not progressed:  # pragma: no cover - the schedule is deadlock-free
-            raise RuntimeError("interleaved pipeline schedule deadlocked")
+    for s, kind, c, j in interleaved_run_order(S, v, m):
+        t = free[s]
+        if kind == FWD:
+            if s or c:
+                ready = f_done[s - 1][c][j] if s else f_done[last][c - 1][j]
+                if ready > t:
+                    t = ready
+            if record is not None:
+                record.append((s, FWD, c, j, t, t + fwd[s][c], t + fwd[s][c] + send_fwd[s][c]))
+            t += fwd[s][c]
+            f_done[s][c][j] = t + send_fwd[s][c]
+        else:
+            if s < last or c < v - 1:
+                ready = b_done[s + 1][c][j] if s < last else b_done[0][c + 1][j]
+                if ready > t:
+                    t = ready
+            if record is not None:
+                record.append((s, BWD, c, j, t, t + bwd[s][c], t + bwd[s][c] + send_bwd[s][c]))
+            t += bwd[s][c]
+            b_done[s][c][j] = t + send_bwd[s][c]
+        free[s] = t
     return max(free)
 
 
