@@ -117,16 +117,32 @@ class ArachnePlanner:
     def plan(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
              budget: SearchBudget) -> PlannerResult:
         second = self._second_look(cluster, model, job, cost_model, budget)
+        floor = self._floor(cluster, model, job, cost_model, budget, fork=second is None)
         try:
             # the policy's and the ranker's products are a few hundred rows: BLAS threads cost more than they
             # save there, and far more on a busy machine (the same products, the same results, on one thread)
             with threadpool_limits(limits=1, user_api="blas"):
-                result = self._plan_views(cluster, model, job, cost_model, budget)
+                result = self._plan_views(cluster, model, job, cost_model, budget, floor)
             return result if second is None else with_second(result, *second.result())
-        except BaseException:  # an error or an interrupt here: the child is stopped, not waited for
-            if second is not None:
-                second.cancel()
+        except BaseException:  # an error or an interrupt here: the children are stopped, not waited for
+            for child in (second, floor):
+                if child is not None:
+                    child.cancel()
             raise
+
+    floor_wanted = True
+    """Whether :meth:`plan` prices the framework's own grid as a floor; off in the second search, whose floor
+    would be the first's."""
+
+    def _floor(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel, budget: SearchBudget,
+               fork: bool) -> Forked | None:
+        """Under a framework's rules (one pipeline structure for all replicas), that framework's own grid
+        (``rules_view.framework_floor``), started in a forked process where the other core is free (``fork``:
+        no second search), else run when its result is asked for; None where there is no floor to price."""
+        if not self.floor_wanted or self.legality is None or not self.legality.runtime.one_structure:
+            return None
+        quiet = replace(budget, progress=False) if fork else budget
+        return Forked(lambda: framework_floor(cluster, model, job, cost_model, quiet, self._score), fork=fork)
 
     def _second_look(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
                      budget: SearchBudget) -> Forked | None:
@@ -137,18 +153,21 @@ class ArachnePlanner:
                 len(cluster.devices) > SECOND_LOOK_MAX_GPUS:
             return None
         other = ArachnePlanner(o.with_flat(**SECOND_LOOK, second_look=False), policy=self.policy, ranker=self.ranker)
-        other.legality, other.objective = self.legality, self.objective
+        other.legality, other.objective, other.floor_wanted = self.legality, self.objective, False
         cm = CostModel(cluster, cost_model.profiles, cost_model.cal)
         quiet = replace(budget, progress=False)
         return Forked(lambda: other.plan(cluster, model, job, cm, quiet))
 
     def _plan_views(self, cluster: Cluster, model: ModelSpec, job: Job, cost_model: CostModel,
-                    budget: SearchBudget) -> PlannerResult:
+                    budget: SearchBudget, floor_job: Forked | None = None) -> PlannerResult:
         views = cost_views(cluster, job.precision) if self.objective is not None and \
             self.objective.needs_prices else []
         result = self._plan_cluster(cluster, model, job, cost_model, budget)
-        floor = framework_floor(cluster, model, job, cost_model, budget, self._score) \
-            if self.legality is not None and self.legality.runtime.one_structure else []
+        floor = []
+        if floor_job is not None:
+            floor, _, _ = floor_job.result()
+            if floor is None:  # the child died or could not send its plans: the floor in this process
+                floor = framework_floor(cluster, model, job, cost_model, budget, self._score)
         if not views and not floor:
             return result
         ranked = list(zip(result.scores, result.plans)) + floor

@@ -36,11 +36,12 @@ median planning time at 1,024 GPUs from 0.5-0.65 s to 1.07 s, past the 1 s targe
 class Forked:
     """``fn()`` run in a forked child from construction; :meth:`result` waits for it and returns ``(value,
     cpu_s, error)``: ``fn``'s value (None if it raised or the child died), the child's CPU seconds, and the error in
-    one line (None when it ran). Without ``os.fork`` (or if forking fails), :meth:`result` runs ``fn`` itself."""
+    one line (None when it ran). Without ``os.fork`` (or if forking fails), and with ``fork`` False (the other
+    core is taken), :meth:`result` runs ``fn`` itself."""
 
-    def __init__(self, fn: Callable[[], Any]):
+    def __init__(self, fn: Callable[[], Any], fork: bool = True):
         self.fn, self.pid, self.fd = fn, None, None
-        if not hasattr(os, "fork"):
+        if not fork or not hasattr(os, "fork"):
             return
         try:
             r, w = os.pipe()

@@ -122,7 +122,8 @@ def framework_floor(cluster: Cluster, model, job, cost_model, budget, score) -> 
     from arachne.planners.registry import get_planner
 
     out: list[tuple[float, Plan]] = []
-    for name, opts in FRAMEWORK_GRIDS:
+    # on one GPU type the type-oblivious grid is the per-type grid: the same plans, priced the same
+    for name, opts in FRAMEWORK_GRIDS if len(cluster.gpu_types) > 1 else FRAMEWORK_GRIDS[:1]:
         try:
             res = get_planner(name, **opts).plan(cluster, model, job, cost_model, replace(budget, cpu=True))
         except (ValueError, RuntimeError):  # a grid with no layout for this problem: no floor from it
