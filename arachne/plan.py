@@ -368,6 +368,13 @@ def load_plan(path: str | Path) -> Plan:
     return plan_from_dict(load_document(path), str(path))
 
 
+def _tp_groups_may_span(devices: tuple[str, ...], tp: int, node_of: dict[str, str]) -> bool:
+    """False where every TP group's devices (``tp`` consecutive) are on one node (each device's node equal to
+    the one before it in its group: ``tp - 1`` list comparisons instead of a set per group)."""
+    nodes = list(map(node_of.get, devices))
+    return any(nodes[k::tp] != nodes[k - 1::tp] for k in range(1, tp))
+
+
 def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[str, str]]:
     """Every rule of formats v1 (and v2) the plan breaks, as ``(field, reason)`` pairs."""
     from arachne.plan_rules import plan_v2_errors, stage_v2_errors
@@ -393,7 +400,12 @@ def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[st
                 if b <= a:
                     errs.append((f"{sfx}.layers", f"empty or reversed range [{a}, {b})"))
                 expect = max(b, expect)
-            for d in st.devices:
+            devs = st.devices
+            if seen.keys().isdisjoint(devs) and cluster.devices.keys() >= (own := set(devs)) and \
+                    len(own) == len(devs):  # every device known and new (the usual case, without a loop here)
+                seen.update(dict.fromkeys(devs, sfx))
+                devs = ()
+            for d in devs:
                 if d not in cluster.devices:
                     errs.append((f"{sfx}.devices", f"unknown device {d!r} (not in the cluster)"))
                 elif d in seen:
@@ -425,9 +437,12 @@ def plan_errors(plan: Plan, cluster: Cluster, model: ModelSpec) -> list[tuple[st
                     errs.append((f"{sfx}.ep", f"ep*etp = {st.ep}*{st.etp_size} does not divide the stage's "
                                               f"dp*cp*tp = {dp}*{st.cp}*{st.tp} devices"))
             errs += stage_v2_errors(plan, pipe, st, sfx, cluster, model)
-            if not st.allow_cross_node_tp and n % st.tp == 0:
+            if not st.allow_cross_node_tp and n % st.tp == 0 and st.tp > 1 and \
+                    _tp_groups_may_span(st.devices, st.tp, cluster.device_node):
+                node_of = cluster.device_node
                 for g, group in enumerate(st.groups()):
-                    nodes = {d.split(":")[0] for d in group if d in cluster.devices}
+                    nodes = set(map(node_of.get, group))
+                    nodes.discard(None)  # an unknown device: reported above
                     if len(nodes) > 1:
                         errs.append((f"{sfx}.devices",
                                      f"TP group {g} spans nodes {sorted(nodes)}; set allow_cross_node_tp to allow it"))

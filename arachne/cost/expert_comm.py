@@ -39,15 +39,20 @@ def dispatch_dedup(dev_node: dict[str, str], model: ModelSpec, ring: list[str]) 
     return dedup_fraction(model.num_experts, model.experts_top_k, len(ring), tuple(sorted(per_node.values())))
 
 
+def expert_ring(r: int, ep: int, etp: int) -> list[int]:
+    """The positions, in a stage's devices, of the MoE all-to-all group of its ``r``-th device when they are
+    re-partitioned as ``ep x etp x edp`` (Megatron-Core's expert rank order: etp fastest, then ep, then edp)."""
+    block = r - r % (ep * etp)
+    return [block + e * etp + r % etp for e in range(ep)]
+
+
 def expert_a2a_ring(dev_node: dict[str, str], st: Stage, r: int, etp: int,
                     stage_on: dict[str, int] | None = None) -> tuple[list[str], int]:
-    """The MoE all-to-all group of the stage's ``r``-th device when the stage's devices are re-partitioned
-    as ``ep x etp x edp`` (Megatron-Core's expert rank order: etp fastest, then ep, then edp), and how many
+    """The MoE all-to-all group of the stage's ``r``-th device (:func:`expert_ring`), and how many
     such groups share its busiest node's network (the stage's devices there over the group's members there).
     ``stage_on``: the stage's devices per node, when the caller has counted them."""
-    devices, ep = st.devices, st.ep
-    block = r - r % (ep * etp)
-    ring = [devices[block + e * etp + r % etp] for e in range(ep)]
+    devices = st.devices
+    ring = [devices[i] for i in expert_ring(r, st.ep, etp)]
     on_node: dict[str, int] = {}
     for d in ring:
         on_node[dev_node[d]] = on_node.get(dev_node[d], 0) + 1

@@ -14,7 +14,7 @@ from typing import Self
 from arachne.cost.calibration import DEFAULT_CALIBRATION, MOE_OVERLAP_SM_SHARE, Calibration
 from arachne.cost.compute import ComputeModel, LayerCosts, act_bytes
 from arachne.cost.estimate import Estimate, StageEstimate
-from arachne.cost.expert_comm import dispatch_dedup, expert_a2a_ring
+from arachne.cost.expert_comm import dispatch_dedup
 from arachne.cost.features import (
     FP8_WEIGHT_COPY_BYTES,
     attention_core_fwd,
@@ -27,6 +27,7 @@ from arachne.cost.features import (
     recompute_mode,
     recomputed_blocks,
 )
+from arachne.cost.group_kinds import group_kinds
 from arachne.cost.memory import (
     MemoryBreakdown,
     block_transient_bytes,
@@ -111,6 +112,7 @@ class CostModel(SyncMixin, PipelineMixin):
         self.estimated_devices = 0
         self.estimated_cells = 0  # stage x micro-batch cells of the distinct pipelines' schedules
         self._sig_cache: dict[tuple, tuple] = {}
+        self._kinds_cache: dict[tuple, tuple] = {}  # a stage layout's TP groups, one of each kind (group_kinds.py)
         self._mem_cache: dict[tuple, MemoryBreakdown] = {}
         self._pipe_cache: dict[tuple, tuple] = {}
         self._exposed_cache: dict[tuple, float] = {}  # a pipeline's exposed gradient sync, by shape and sync times
@@ -214,15 +216,15 @@ class CostModel(SyncMixin, PipelineMixin):
         alike: dict[tuple, tuple] = {}  # groups alike (node classes, node sharing, their rings' times) price alike
         has_cp, moe = st.cp > 1, bool(n_moe) and (et is not None or ep > 1)
         memo = tp > 1 or has_cp or moe
-        stage_on: dict[str, int] = {}  # the stage's devices per node (the expert rings' sharing), counted once
-        if n_moe and et is not None:
-            for d in st.devices:
-                stage_on[self._dev_node[d]] = stage_on.get(self._dev_node[d], 0) + 1
-        for gi, g in enumerate(groups):
+        kinds_key = (sig, tp, st.cp, ep, et, moe)
+        kinds = self._kinds_cache.get(kinds_key)
+        if kinds is None:  # one group of each kind: the others price as it does (group_kinds.py)
+            kinds = self._kinds_cache[kinds_key] = group_kinds(ids, classes, tp, st.cp, ep, et, moe, len(groups))
+        for gi, ring_at, conc in kinds:
+            g = groups[gi]
             ep_f = 0.0
             if moe:  # ep x etp x edp, etp fastest (docs/cost-model.md, "Expert tp")
-                ring, conc = expert_a2a_ring(self._dev_node, st, gi * tp, et, stage_on) if et is not None else \
-                    ([groups[gi - gi % ep + k2][0] for k2 in range(ep)], tp)
+                ring = [st.devices[i] for i in ring_at]
                 if (ring_key := (tuple(ring), conc)) not in a2a:
                     nbytes = b * seq * model.experts_top_k * h * act_bytes(prec) / tp
                     a2a[ring_key] = 2 * n_moe * self.network.all_to_all_time(

@@ -113,6 +113,11 @@ class Cluster:
         return {f"{n.name}:{i}": Device(f"{n.name}:{i}", n, i) for n in self.nodes for i in range(n.num_gpus)}
 
     @cached_property
+    def device_node(self) -> dict[str, str]:
+        """Each device's node name."""
+        return {d: dev.node.name for d, dev in self.devices.items()}
+
+    @cached_property
     def node_by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 
