@@ -125,7 +125,7 @@ class CostModel(SyncMixin, PipelineMixin):
         self._dev_attr: dict[str, dict[str, float]] = {}  # a GPU property by device (_least)
         self._node_class = {n.name: (n.gpu.name, n.inter_node_bw, n.intra_node_bw, n.per_flow_bw, n.network)
                             for n in cluster.nodes}
-        self._dev_node = {d: dev.node.name for d, dev in cluster.devices.items()}
+        self._dev_node = cluster.device_node  # each device's node name (read only)
         self._prices = {d: dev.node.price_per_gpu_hour for d, dev in cluster.devices.items()}
 
     # ---- helpers --------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class Network:
         self.cluster = cluster
         self.cal = cal
         self.rates = {n.name: node_rates(n, cal) for n in cluster.nodes}
-        self._node_name = {d: dev.node.name for d, dev in cluster.devices.items()}
+        self._node_name = cluster.device_node  # each device's node name (read only)
 
     def node_of(self, device: str) -> Node:
         return self.cluster.devices[device].node
